@@ -1,0 +1,354 @@
+package llmroute
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// Provider is a backend that speaks the OpenAI chat completions API: a base
+// URL and a key. Upstreams reference it by ID.
+type Provider struct {
+	// ID names the provider inside this config; upstreams reference it. Unique
+	// among providers. Backoff state shared by the whole provider is keyed by
+	// it process-wide, so the same ID in two llm_route handlers (or across a
+	// reload) means the same provider.
+	ID string `json:"id"`
+
+	// URL is the base URL, e.g. `https://api.openai.com/v1`. Requests go to
+	// URL + `/chat/completions`. Must be an absolute http or https URL.
+	URL string `json:"url"`
+
+	// Key is sent as `Authorization: Bearer <key>`; empty sends no
+	// Authorization header at all. Placeholders are resolved once at
+	// provision time: `{env.NAME}`, `{file./path}` and the original proxy's
+	// `${NAME}`. Prefer placeholders: a literal key is visible in Caddy's
+	// `GET /config/`. The key never appears in a log, an error or a metric.
+	Key string `json:"key,omitempty"`
+
+	// MaxConcurrency is the default slot limit of this provider's upstreams
+	// (in-flight requests per upstream). 0 or absent means unlimited unless
+	// the upstream sets its own.
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+
+	// Patch is a JSON object deep-merged into every request body sent through
+	// this provider (first of the three patch layers).
+	Patch json.RawMessage `json:"patch,omitempty"`
+
+	// Headers are static request headers added to every request sent to this
+	// provider, e.g. `HTTP-Referer` and `X-Title` for OpenRouter. They cannot
+	// replace Authorization (use Key).
+	Headers map[string]string `json:"headers,omitempty"`
+
+	// SessionHeader, if set, names a request header that the proxy always sets
+	// (overwriting the client's value) to a session id computed from the
+	// message history, for APIs that want a stable session id
+	// (e.g. `x-opencode-session`).
+	SessionHeader string `json:"session_header,omitempty"`
+
+	// ThinkTags is the default think-tag handling of this provider's
+	// upstreams: `off` (default: responses untouched, byte for byte),
+	// `split` (`<think>…</think>` moved from `content` to
+	// `reasoning_content`) or `strip` (cut and dropped). `true` means split,
+	// `false` means off; an unknown word means off with a warning.
+	ThinkTags ThinkTags `json:"think_tags,omitempty"`
+
+	// ReasoningField, if set (e.g. `reasoning_content`), is backfilled in
+	// every assistant message of the outgoing history that lacks a non-empty
+	// value, from `reasoning` or the text of `reasoning_details`.
+	ReasoningField string `json:"reasoning_field,omitempty"`
+
+	// ReasoningEmptyOK writes `""` into ReasoningField when an assistant
+	// message has no reasoning text at all. Default false (no field).
+	ReasoningEmptyOK bool `json:"reasoning_empty_ok,omitempty"`
+
+	// Backoff is the cap of the exponential backoff (1s, 2s, 4s, … up to the
+	// cap) with ONE failure counter shared by all upstreams of this provider
+	// that do not set their own backoff. Absent means no provider backoff.
+	Backoff *Duration `json:"backoff,omitempty"`
+
+	// FirstByteTimeout is how long a streaming request may wait for the first
+	// byte of the response, counted from the moment the request is sent;
+	// after that the attempt fails over. Default 30s; 0 disables.
+	FirstByteTimeout *Duration `json:"first_byte_timeout,omitempty"`
+
+	// StreamIdleTimeout is how long a stream may stay silent after its first
+	// byte before the attempt counts as failed. Default 60s; 0 disables.
+	StreamIdleTimeout *Duration `json:"stream_idle_timeout,omitempty"`
+
+	// ProbeInterval is the period of the background probe of this provider's
+	// cooling upstreams. Default 1s; 0 disables probing (an upstream then
+	// comes back only when its backoff ends).
+	ProbeInterval *Duration `json:"probe_interval,omitempty"`
+}
+
+// Upstream is a real model at a provider, with its own slot limit. Models
+// reference it by ID.
+type Upstream struct {
+	// ID names the upstream inside this config; models reference it. Unique
+	// among upstreams. Slot counters and the upstream's own backoff are keyed
+	// by it process-wide: the same ID in two llm_route handlers, or before and
+	// after a reload, shares one set of slots.
+	ID string `json:"id"`
+
+	// Provider is the ID of the provider that serves this upstream.
+	Provider string `json:"provider"`
+
+	// Model is the model name the provider knows; it replaces the client's
+	// `model` in the request body.
+	Model string `json:"model"`
+
+	// MaxConcurrency is the slot limit of this upstream; it overrides the
+	// provider's. 0 or absent inherits the provider's; none anywhere means
+	// unlimited.
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+
+	// Patch is deep-merged into the request body after the provider's patch.
+	Patch json.RawMessage `json:"patch,omitempty"`
+
+	// ThinkTags overrides the provider's think-tag handling for this upstream.
+	ThinkTags ThinkTags `json:"think_tags,omitempty"`
+
+	// Backoff gives this upstream its own failure counter with this cap; the
+	// provider's backoff then does not apply to it.
+	Backoff *Duration `json:"backoff,omitempty"`
+
+	// FirstByteTimeout overrides the provider's first-byte window.
+	FirstByteTimeout *Duration `json:"first_byte_timeout,omitempty"`
+
+	// StreamIdleTimeout overrides the provider's stream idle timeout.
+	StreamIdleTimeout *Duration `json:"stream_idle_timeout,omitempty"`
+
+	// ProbeInterval overrides the provider's probe period.
+	ProbeInterval *Duration `json:"probe_interval,omitempty"`
+}
+
+// Model is what clients ask for: a name and an ordered list of upstreams.
+type Model struct {
+	// Name is what the client sends as `model`. Unique among models.
+	Name string `json:"name"`
+
+	// Upstreams are upstream IDs in priority order: a request goes to the
+	// first one that is not cooling and has a free slot.
+	Upstreams []string `json:"upstreams"`
+
+	// Patch is deep-merged into the request body last (highest priority).
+	Patch json.RawMessage `json:"patch,omitempty"`
+
+	// QueueSize overrides the handler's queue_size for this model; an
+	// explicit 0 turns the queue off for this model.
+	QueueSize *int `json:"queue_size,omitempty"`
+
+	// QueueTimeout overrides the handler's queue_timeout for this model.
+	QueueTimeout *Duration `json:"queue_timeout,omitempty"`
+}
+
+// ThinkTags is a think_tags setting. It accepts a JSON string or a boolean
+// (true = split, false = off), as the original config did.
+type ThinkTags string
+
+// UnmarshalJSON accepts a string or a boolean.
+func (t *ThinkTags) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case "true":
+		*t = "split"
+		return nil
+	case "false":
+		*t = "off"
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("think_tags: want off, split, strip, true or false, got %s", b)
+	}
+	*t = ThinkTags(s)
+	return nil
+}
+
+// validate checks ids, references and values, and names the offending entry
+// in every message. It does not resolve anything.
+func validateConfig(providers []Provider, upstreams []Upstream, models []Model) error {
+	var errs []string
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+
+	providerIDs := make(map[string]bool, len(providers))
+	for i, p := range providers {
+		where := fmt.Sprintf("providers[%d]", i)
+		if p.ID != "" {
+			where = fmt.Sprintf("provider %q", p.ID)
+		}
+		switch {
+		case p.ID == "":
+			bad("%s: id is required", where)
+		case providerIDs[p.ID]:
+			bad("%s: duplicate id", where)
+		}
+		providerIDs[p.ID] = true
+		if err := checkBaseURL(p.URL); err != nil {
+			bad("%s: url: %v", where, err)
+		}
+		if p.MaxConcurrency < 0 {
+			bad("%s: max_concurrency must not be negative (0 = unlimited)", where)
+		}
+		if err := checkPatch(p.Patch); err != nil {
+			bad("%s: patch: %v", where, err)
+		}
+		for name := range p.Headers {
+			if err := checkStaticHeader(name); err != nil {
+				bad("%s: headers: %v", where, err)
+			}
+		}
+		if p.SessionHeader != "" && !validHeaderName(p.SessionHeader) {
+			bad("%s: session_header %q is not a valid header name", where, p.SessionHeader)
+		}
+	}
+
+	upstreamIDs := make(map[string]bool, len(upstreams))
+	for i, u := range upstreams {
+		where := fmt.Sprintf("upstreams[%d]", i)
+		if u.ID != "" {
+			where = fmt.Sprintf("upstream %q", u.ID)
+		}
+		switch {
+		case u.ID == "":
+			bad("%s: id is required", where)
+		case upstreamIDs[u.ID]:
+			bad("%s: duplicate id", where)
+		}
+		upstreamIDs[u.ID] = true
+		switch {
+		case u.Provider == "":
+			bad("%s: provider is required", where)
+		case !providerIDs[u.Provider]:
+			bad("%s: unknown provider %q", where, u.Provider)
+		}
+		if u.Model == "" {
+			bad("%s: model is required", where)
+		}
+		if u.MaxConcurrency < 0 {
+			bad("%s: max_concurrency must not be negative (0 = inherit)", where)
+		}
+		if err := checkPatch(u.Patch); err != nil {
+			bad("%s: patch: %v", where, err)
+		}
+	}
+
+	modelNames := make(map[string]bool, len(models))
+	for i, m := range models {
+		where := fmt.Sprintf("models[%d]", i)
+		if m.Name != "" {
+			where = fmt.Sprintf("model %q", m.Name)
+		}
+		switch {
+		case m.Name == "":
+			bad("%s: name is required", where)
+		case modelNames[m.Name]:
+			bad("%s: duplicate name", where)
+		}
+		modelNames[m.Name] = true
+		if len(m.Upstreams) == 0 {
+			bad("%s: needs at least one upstream", where)
+		}
+		seen := make(map[string]bool, len(m.Upstreams))
+		for _, id := range m.Upstreams {
+			switch {
+			case !upstreamIDs[id]:
+				bad("%s: unknown upstream %q", where, id)
+			case seen[id]:
+				bad("%s: upstream %q listed twice", where, id)
+			}
+			seen[id] = true
+		}
+		if err := checkPatch(m.Patch); err != nil {
+			bad("%s: patch: %v", where, err)
+		}
+		if m.QueueSize != nil && *m.QueueSize < 0 {
+			bad("%s: queue_size must not be negative", where)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("llm_route config: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// checkPatch accepts an absent patch or a JSON object.
+func checkPatch(raw json.RawMessage) error {
+	trimmed := strings.TrimSpace(string(raw))
+	if trimmed == "" || trimmed == "null" {
+		return nil
+	}
+	if trimmed[0] != '{' || !json.Valid(raw) {
+		return fmt.Errorf("must be a JSON object")
+	}
+	return nil
+}
+
+// validHeaderName reports whether s is an RFC 7230 token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkStaticHeader rejects provider headers that would smuggle credentials
+// or break framing; the key goes through Provider.Key only.
+func checkStaticHeader(name string) error {
+	if !validHeaderName(name) {
+		return fmt.Errorf("%q is not a valid header name", name)
+	}
+	switch strings.ToLower(name) {
+	case "authorization", "content-length", "content-type", "host", "transfer-encoding", "connection":
+		return fmt.Errorf("header %q is set by the proxy and cannot be configured", name)
+	}
+	return nil
+}
+
+// checkBaseURL accepts an absolute http(s) URL without query or fragment.
+func checkBaseURL(raw string) error {
+	if raw == "" {
+		return fmt.Errorf("is required")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%q is not a valid URL", redactURL(raw))
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q must start with http:// or https://", redactURL(raw))
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q has no host", redactURL(raw))
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%q must not have a query or fragment", redactURL(raw))
+	}
+	return nil
+}
+
+// redactURL hides credentials embedded in a URL (user:pass@host) so it can
+// be logged or shown in an error.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// Not parseable: keep only what cannot be a secret.
+		if i := strings.LastIndex(raw, "@"); i >= 0 {
+			return "[redacted]@" + raw[i+1:]
+		}
+		return raw
+	}
+	if u.User != nil {
+		u.User = url.User("redacted")
+	}
+	return u.String()
+}

@@ -1,0 +1,85 @@
+package llmroute
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler routes OpenAI-compatible chat completion requests to upstream
+// models by its own slot accounting, fails over and backs off when an upstream
+// breaks, patches request bodies and rewrites responses.
+//
+// It serves `POST …/chat/completions` and `GET …/models` (any path prefix);
+// every other request is passed to the next handler, so it composes with the
+// rest of a Caddy route.
+//
+// Errors the handler produces itself are written as OpenAI-shaped JSON
+// (`{"error":{"message","type","code"}}`) rather than returned to Caddy's
+// error routes, because OpenAI SDKs read that body.
+//
+// Placeholders set on every routed request:
+//
+// | Placeholder | Description |
+// |---|---|
+// | `{http.llm_route.model}` | the model name the client asked for |
+// | `{http.llm_route.upstream}` | the upstream id that served the request |
+// | `{http.llm_route.provider}` | the provider id of that upstream |
+// | `{http.llm_route.attempts}` | how many upstreams were tried |
+type Handler struct {
+	// Providers are the backends (base URL + key).
+	Providers []Provider `json:"providers,omitempty"`
+
+	// Upstreams are real models at providers, each with a slot limit.
+	Upstreams []Upstream `json:"upstreams,omitempty"`
+
+	// Models are the client-visible model names, each an ordered list of
+	// upstreams.
+	Models []Model `json:"models,omitempty"`
+
+	// RequestTimeout bounds one whole upstream exchange, streaming included.
+	// Default 5m; 0 disables.
+	RequestTimeout *Duration `json:"request_timeout,omitempty"`
+
+	// MaxRequestBody is the largest request body accepted, in bytes; larger
+	// bodies get 413. Default 32 MiB.
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+
+	// QueueSize is how many requests per model may wait for a slot when every
+	// upstream of the model is busy. Default 0: answer 503 at once. A model's
+	// own queue_size overrides it.
+	QueueSize int `json:"queue_size,omitempty"`
+
+	// QueueTimeout is the longest a request waits in the queue. Default 30s;
+	// 0 waits until the client goes away.
+	QueueTimeout *Duration `json:"queue_timeout,omitempty"`
+
+	// RetryAfterMax bounds how long an upstream's `Retry-After` may cool it.
+	// Default 5m.
+	RetryAfterMax *Duration `json:"retry_after_max,omitempty"`
+
+	// HeartbeatInterval is how long a stream may be silent, after its first
+	// byte reached the client, before the proxy sends an SSE comment
+	// (`: keepalive`) so idle timeouts along the way do not cut it.
+	// Default 15s; 0 disables.
+	HeartbeatInterval *Duration `json:"heartbeat_interval,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.llm_route",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,15 @@
+// Package caddyllmroute plugs the llm_route handler and its Caddyfile
+// directive into Caddy. Build a Caddy with it:
+//
+//	xcaddy build --with github.com/llm-route/caddy-llm-route
+//
+// The handler lives in package llmroute, the directive in package caddyfile;
+// this package only imports both so that one --with brings in everything.
+package caddyllmroute
+
+import (
+	// The Caddyfile directive `llm_route` (it imports the handler too).
+	_ "github.com/llm-route/caddy-llm-route/caddyfile"
+	// The http.handlers.llm_route module.
+	_ "github.com/llm-route/caddy-llm-route/llmroute"
+)
