@@ -1,6 +1,11 @@
 package llmroute
 
 import (
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -66,6 +71,26 @@ type Handler struct {
 	// (`: keepalive`) so idle timeouts along the way do not cut it.
 	// Default 15s; 0 disables.
 	HeartbeatInterval *Duration `json:"heartbeat_interval,omitempty"`
+
+	ctx       caddy.Context
+	logger    *zap.Logger
+	metrics   *routeMetrics
+	refs      poolRefs
+	transport *http.Transport
+
+	upstreams  map[string]*upstream
+	routes     map[string]*route
+	modelList  []string
+	modelsBody []byte
+	created    int64
+
+	requestTimeout time.Duration
+	retryAfterMax  time.Duration
+	heartbeat      time.Duration
+	maxBody        int64
+
+	stopProber chan struct{}
+	proberDone chan struct{}
 }
 
 // CaddyModule returns the Caddy module information.

@@ -1,0 +1,619 @@
+package caddyfile
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+
+	"github.com/llm-route/caddy-llm-route/llmroute"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("llm_route", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("llm_route", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// parseCaddyfile sets up the llm_route handler from Caddyfile tokens:
+//
+//	llm_route [<matcher>] {
+//	    request_timeout     <duration>
+//	    max_request_body    <size>
+//	    queue_size          <int>
+//	    queue_timeout       <duration>
+//	    retry_after_max     <duration>
+//	    heartbeat_interval  <duration>
+//
+//	    provider <id> {
+//	        url                 <base url>
+//	        key                 <key or placeholder>
+//	        max_concurrency     <int>
+//	        session_header      <header name>
+//	        think_tags          off|split|strip|true|false
+//	        reasoning_field     <field>
+//	        reasoning_empty_ok  [true|false]
+//	        backoff             <duration>
+//	        first_byte_timeout  <duration>
+//	        stream_idle_timeout <duration>
+//	        probe_interval      <duration>
+//	        header              <name> <value>
+//	        patch               <patch>
+//	    }
+//
+//	    upstream <id> [<provider> <model>] {
+//	        provider            <provider id>
+//	        model               <real model name>
+//	        max_concurrency     <int>
+//	        think_tags          off|split|strip|true|false
+//	        backoff             <duration>
+//	        first_byte_timeout  <duration>
+//	        stream_idle_timeout <duration>
+//	        probe_interval      <duration>
+//	        patch               <patch>
+//	    }
+//
+//	    model <name> [<upstream id>...] {
+//	        upstreams           <upstream id> [<upstream id>...]
+//	        queue_size          <int>
+//	        queue_timeout       <duration>
+//	        patch               <patch>
+//	    }
+//	}
+//
+// The block of `upstream` and `model` is optional when the short form on the
+// opening line says everything: `upstream <id> <provider> <model>`,
+// `model <name> <upstream id>...`. `upstreams` may be repeated; each line
+// appends, and the order is the model's priority order. `header` may be
+// repeated (one header per line). Every other setting may appear once per
+// block, and provider, upstream and model ids must be unique.
+//
+// A <duration> is a Go/Caddy duration (`30s`, `1h15m`, `1d`) or an ISO-8601
+// one (`PT30S`, `PT500MS`, `P1D`, `P1M` = 30 days, `P1Y` = 365 days); it is
+// written to JSON as a Go duration string. A <size> is a byte count, plain or
+// humanized (`32MiB`, `1MB`, `1048576`). `reasoning_empty_ok` alone means
+// true. `think_tags` `true` and `false` are written as `split` and `off`;
+// any other word is kept as written (the handler treats it as off and warns).
+//
+// A <patch> is a JSON object, written either as one argument of raw JSON
+// (in backticks or a heredoc) or as a block:
+//
+//	patch `{"reasoning": {"enabled": false}}`
+//
+//	patch <<JSON
+//	    {"reasoning": {"enabled": false}}
+//	    JSON
+//
+//	patch {
+//	    temperature  0.7                # number
+//	    stream       true               # true, false, null: JSON literals
+//	    effort       high               # anything else: a string
+//	    user         "true"             # double quotes: always a string
+//	    model_name   `"true"`           # backticks: raw JSON of any type
+//	    stop         `["\n\n"]`
+//	    provider {                      # a block: a nested object
+//	        ignore   deepseek openai    # two or more values: an array
+//	        order    [ deepseek ]       # [ ... ]: an array (may span lines)
+//	        only     [ ]                # the empty array
+//	    }
+//	}
+//
+// Keys keep the order they are written in. A key may appear once per block.
+// Numbers must fit a float64, and integers must be at most 2^53 in magnitude:
+// Caddy stores a loaded config as generic JSON (float64 numbers, keys sorted)
+// and would otherwise change the value silently.
+//
+// Keys and values are not resolved here: `{env.NAME}` and `{file./path}`
+// stay as text for the handler to resolve at provision time. (Caddy itself
+// still substitutes `{$NAME}` while parsing the Caddyfile, which bakes the
+// value into the adapted JSON, and expands its own request placeholder
+// shorthands such as `{path}` in every token.)
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	return unmarshalHandler(h.Dispenser)
+}
+
+// unmarshalHandler parses one llm_route directive (the matcher, if any,
+// already removed) into a Handler.
+func unmarshalHandler(d *caddyfile.Dispenser) (*llmroute.Handler, error) {
+	p := &parser{
+		d:         d,
+		h:         new(llmroute.Handler),
+		providers: make(map[string]int),
+		upstreams: make(map[string]int),
+		models:    make(map[string]int),
+	}
+	if err := p.handler(); err != nil {
+		return nil, err
+	}
+	return p.h, nil
+}
+
+// parser holds the state of one directive: the ids seen so far (with the
+// line that defined them) and the references to check once all are known.
+type parser struct {
+	d *caddyfile.Dispenser
+	h *llmroute.Handler
+
+	providers map[string]int
+	upstreams map[string]int
+	models    map[string]int
+
+	// refs are provider and upstream references, checked at the end so that
+	// definitions may come in any order. Each error is made while the
+	// dispenser stands on the reference, so it carries that line.
+	refs []reference
+}
+
+type reference struct {
+	providerRef bool // else an upstream reference
+	id          string
+	err         error
+}
+
+// settings remembers which settings a block has seen and where.
+type settings map[string]int
+
+// once records the setting at the cursor and rejects a second occurrence.
+func (s settings) once(d *caddyfile.Dispenser, where, name string) error {
+	if line, ok := s[name]; ok {
+		return d.Errf("%s%s already specified at line %d", where, name, line)
+	}
+	s[name] = d.Line()
+	return nil
+}
+
+func (p *parser) handler() error {
+	d := p.d
+	d.Next() // consume directive name
+	if d.NextArg() {
+		return d.Errf("llm_route: unexpected argument %q (only a matcher may precede the block)", d.Val())
+	}
+	seen := settings{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		var err error
+		switch name {
+		case "provider":
+			err = p.provider()
+		case "upstream":
+			err = p.upstream()
+		case "model":
+			err = p.model()
+		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
+			"max_request_body", "queue_size":
+			if err = seen.once(d, "", name); err != nil {
+				return err
+			}
+			err = p.handlerSetting(name)
+		default:
+			return d.Errf("unrecognized llm_route subdirective %q", name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, r := range p.refs {
+		known := p.upstreams
+		if r.providerRef {
+			known = p.providers
+		}
+		if _, ok := known[r.id]; !ok {
+			return r.err
+		}
+	}
+	return nil
+}
+
+func (p *parser) handlerSetting(name string) error {
+	h := p.h
+	var err error
+	switch name {
+	case "request_timeout":
+		h.RequestTimeout, err = p.duration("", name)
+	case "queue_timeout":
+		h.QueueTimeout, err = p.duration("", name)
+	case "retry_after_max":
+		h.RetryAfterMax, err = p.duration("", name)
+	case "heartbeat_interval":
+		h.HeartbeatInterval, err = p.duration("", name)
+	case "queue_size":
+		h.QueueSize, err = p.count("", name)
+	case "max_request_body":
+		h.MaxRequestBody, err = p.size("", name)
+	}
+	return err
+}
+
+// provider parses `provider <id> { … }`.
+func (p *parser) provider() error {
+	d := p.d
+	id, err := p.id("provider", p.providers)
+	if err != nil {
+		return err
+	}
+	missingURL := d.Errf("provider %q: url is required", id)
+	prov := llmroute.Provider{ID: id}
+	where := fmt.Sprintf("provider %q: ", id)
+	seen := settings{}
+	headerLines := map[string]int{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if name != "header" {
+			if err := seen.once(d, where, name); err != nil {
+				return err
+			}
+		}
+		switch name {
+		case "url":
+			prov.URL, err = p.str(where, name)
+		case "key":
+			prov.Key, err = p.str(where, name)
+		case "max_concurrency":
+			prov.MaxConcurrency, err = p.count(where, name)
+		case "session_header":
+			prov.SessionHeader, err = p.str(where, name)
+		case "think_tags":
+			prov.ThinkTags, err = p.thinkTags(where, name)
+		case "reasoning_field":
+			prov.ReasoningField, err = p.str(where, name)
+		case "reasoning_empty_ok":
+			prov.ReasoningEmptyOK, err = p.flag(where, name)
+		case "backoff":
+			prov.Backoff, err = p.duration(where, name)
+		case "first_byte_timeout":
+			prov.FirstByteTimeout, err = p.duration(where, name)
+		case "stream_idle_timeout":
+			prov.StreamIdleTimeout, err = p.duration(where, name)
+		case "probe_interval":
+			prov.ProbeInterval, err = p.duration(where, name)
+		case "patch":
+			prov.Patch, err = p.patch(where)
+		case "header":
+			var args []string
+			if args, err = p.args(where, name, 2, 2); err != nil {
+				return err
+			}
+			canon := strings.ToLower(args[0])
+			if line, dup := headerLines[canon]; dup {
+				return d.Errf("%sheader %q already specified at line %d", where, args[0], line)
+			}
+			headerLines[canon] = d.Line()
+			if prov.Headers == nil {
+				prov.Headers = make(map[string]string)
+			}
+			prov.Headers[args[0]] = args[1]
+		default:
+			return d.Errf("%sunrecognized subdirective %q", where, name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if prov.URL == "" {
+		return missingURL
+	}
+	p.h.Providers = append(p.h.Providers, prov)
+	return nil
+}
+
+// upstream parses `upstream <id> [<provider> <model>] [{ … }]`.
+func (p *parser) upstream() error {
+	d := p.d
+	if !d.NextArg() {
+		return d.Errf("upstream: want an id")
+	}
+	id, err := p.newID("upstream", p.upstreams)
+	if err != nil {
+		return err
+	}
+	up := llmroute.Upstream{ID: id}
+	where := fmt.Sprintf("upstream %q: ", id)
+	missing := d.Errf("%sprovider and model are required (`upstream <id> <provider> <model>` or a block)", where)
+	seen := settings{}
+	if d.NextArg() {
+		if err := seen.once(d, where, "provider"); err != nil {
+			return err
+		}
+		p.providerRef(id)
+		up.Provider = d.Val()
+		if !d.NextArg() {
+			return d.Errf("%swant `upstream <id> <provider> <model>`, the model is missing", where)
+		}
+		seen["model"] = d.Line()
+		up.Model = d.Val()
+		if d.NextArg() {
+			return d.Errf("%sunexpected argument %q after the model", where, d.Val())
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if err := seen.once(d, where, name); err != nil {
+			return err
+		}
+		switch name {
+		case "provider":
+			if up.Provider, err = p.str(where, name); err == nil {
+				p.providerRef(id)
+			}
+		case "model":
+			up.Model, err = p.str(where, name)
+		case "max_concurrency":
+			up.MaxConcurrency, err = p.count(where, name)
+		case "think_tags":
+			up.ThinkTags, err = p.thinkTags(where, name)
+		case "backoff":
+			up.Backoff, err = p.duration(where, name)
+		case "first_byte_timeout":
+			up.FirstByteTimeout, err = p.duration(where, name)
+		case "stream_idle_timeout":
+			up.StreamIdleTimeout, err = p.duration(where, name)
+		case "probe_interval":
+			up.ProbeInterval, err = p.duration(where, name)
+		case "patch":
+			up.Patch, err = p.patch(where)
+		default:
+			return d.Errf("%sunrecognized subdirective %q", where, name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if up.Provider == "" || up.Model == "" {
+		return missing
+	}
+	p.h.Upstreams = append(p.h.Upstreams, up)
+	return nil
+}
+
+// providerRef records that the provider named at the cursor must exist.
+func (p *parser) providerRef(upstreamID string) {
+	d := p.d
+	p.refs = append(p.refs, reference{
+		providerRef: true,
+		id:          d.Val(),
+		err:         p.d.Errf("upstream %q: unknown provider %q", upstreamID, d.Val()),
+	})
+}
+
+// model parses `model <name> [<upstream id>...] [{ … }]`.
+func (p *parser) model() error {
+	d := p.d
+	if !d.NextArg() {
+		return d.Errf("model: want a name")
+	}
+	name, err := p.newID("model", p.models)
+	if err != nil {
+		return err
+	}
+	m := llmroute.Model{Name: name, Upstreams: []string{}}
+	where := fmt.Sprintf("model %q: ", name)
+	missing := d.Errf("%sneeds at least one upstream (`model <name> <upstream id>...` or `upstreams` in its block)", where)
+	listed := map[string]int{}
+	addUpstreams := func() error {
+		for d.NextArg() {
+			id := d.Val()
+			if id == "" {
+				return d.Errf("%supstream id must not be empty", where)
+			}
+			if line, dup := listed[id]; dup {
+				return d.Errf("%supstream %q listed twice (first at line %d)", where, id, line)
+			}
+			listed[id] = d.Line()
+			m.Upstreams = append(m.Upstreams, id)
+			p.refs = append(p.refs, reference{id: id, err: d.Errf("%sunknown upstream %q", where, id)})
+		}
+		return nil
+	}
+	if err := addUpstreams(); err != nil {
+		return err
+	}
+	seen := settings{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt != "upstreams" {
+			if err := seen.once(d, where, opt); err != nil {
+				return err
+			}
+		}
+		switch opt {
+		case "upstreams":
+			if d.CountRemainingArgs() == 0 {
+				return d.Errf("%supstreams: want at least one upstream id", where)
+			}
+			if err = addUpstreams(); err == nil {
+				err = p.noBlock(where, opt)
+			}
+		case "queue_size":
+			var n int
+			if n, err = p.count(where, opt); err == nil {
+				m.QueueSize = &n
+			}
+		case "queue_timeout":
+			m.QueueTimeout, err = p.duration(where, opt)
+		case "patch":
+			m.Patch, err = p.patch(where)
+		default:
+			return d.Errf("%sunrecognized subdirective %q", where, opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(m.Upstreams) == 0 {
+		return missing
+	}
+	p.h.Models = append(p.h.Models, m)
+	return nil
+}
+
+// id reads the single id argument of `provider <id>`.
+func (p *parser) id(kind string, known map[string]int) (string, error) {
+	d := p.d
+	if !d.NextArg() {
+		return "", d.Errf("%s: want an id", kind)
+	}
+	id, err := p.newID(kind, known)
+	if err != nil {
+		return "", err
+	}
+	if d.NextArg() {
+		return "", d.Errf("%s %q: unexpected argument %q", kind, id, d.Val())
+	}
+	return id, nil
+}
+
+// newID takes the id at the cursor and rejects an empty or duplicate one.
+func (p *parser) newID(kind string, known map[string]int) (string, error) {
+	d := p.d
+	id := d.Val()
+	if id == "" {
+		return "", d.Errf("%s id must not be empty", kind)
+	}
+	if line, dup := known[id]; dup {
+		return "", d.Errf("duplicate %s %q (first defined at line %d)", kind, id, line)
+	}
+	known[id] = d.Line()
+	return id, nil
+}
+
+// args reads the rest of the line as the arguments of setting name and
+// checks their count (max < 0: no upper bound). The setting takes no block.
+func (p *parser) args(where, name string, minArgs, maxArgs int) ([]string, error) {
+	d := p.d
+	args := d.RemainingArgs()
+	if len(args) < minArgs || maxArgs >= 0 && len(args) > maxArgs {
+		var want string
+		switch {
+		case minArgs == maxArgs && minArgs == 1:
+			want = "1 argument"
+		case minArgs == maxArgs:
+			want = fmt.Sprintf("%d arguments", minArgs)
+		case maxArgs < 0:
+			want = fmt.Sprintf("at least %d arguments", minArgs)
+		default:
+			want = fmt.Sprintf("%d to %d arguments", minArgs, maxArgs)
+		}
+		return nil, d.Errf("%s%s: want %s, got %d", where, name, want, len(args))
+	}
+	return args, p.noBlock(where, name)
+}
+
+// noBlock rejects a block opened after a setting that takes none.
+func (p *parser) noBlock(where, name string) error {
+	if p.blockFollows() {
+		return p.d.Errf("%s%s: unexpected block", where, name)
+	}
+	return nil
+}
+
+// blockFollows reports whether the next token is on the current line, which,
+// once NextArg has returned false, means it is a block's opening brace. The
+// cursor does not move.
+func (p *parser) blockFollows() bool {
+	d := p.d
+	if d.NextLine() {
+		d.Prev()
+		return false
+	}
+	if !d.Next() {
+		return false
+	}
+	open := d.Val() == "{" && !d.Token().Quoted()
+	d.Prev()
+	return open
+}
+
+func (p *parser) str(where, name string) (string, error) {
+	args, err := p.args(where, name, 1, 1)
+	if err != nil {
+		return "", err
+	}
+	return args[0], nil
+}
+
+// count reads a non-negative integer.
+func (p *parser) count(where, name string) (int, error) {
+	s, err := p.str(where, name)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, p.d.Errf("%s%s: %q is not an integer", where, name, s)
+	}
+	if n < 0 {
+		return 0, p.d.Errf("%s%s: must not be negative, got %d", where, name, n)
+	}
+	return n, nil
+}
+
+// size reads a byte size such as 32MiB, 1MB or 1048576.
+func (p *parser) size(where, name string) (int64, error) {
+	s, err := p.str(where, name)
+	if err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return 0, p.d.Errf("%s%s: invalid size %q: want e.g. 32MiB, 1MB or 1048576", where, name, s)
+	}
+	if n == 0 {
+		return 0, p.d.Errf("%s%s: must be greater than 0", where, name)
+	}
+	if n > math.MaxInt64 {
+		return 0, p.d.Errf("%s%s: %q is too large", where, name, s)
+	}
+	return int64(n), nil
+}
+
+// duration reads a Go/Caddy or ISO-8601 duration.
+func (p *parser) duration(where, name string) (*llmroute.Duration, error) {
+	s, err := p.str(where, name)
+	if err != nil {
+		return nil, err
+	}
+	v, err := llmroute.ParseDuration(s)
+	if err != nil {
+		return nil, p.d.Errf("%s%s: %v", where, name, err)
+	}
+	dur := llmroute.Duration(v)
+	return &dur, nil
+}
+
+// flag reads an optional boolean; the bare setting means true.
+func (p *parser) flag(where, name string) (bool, error) {
+	args, err := p.args(where, name, 0, 1)
+	if err != nil {
+		return false, err
+	}
+	if len(args) == 0 {
+		return true, nil
+	}
+	b, err := strconv.ParseBool(args[0])
+	if err != nil {
+		return false, p.d.Errf("%s%s: want true or false, got %q", where, name, args[0])
+	}
+	return b, nil
+}
+
+// thinkTags reads a think_tags mode. The known words are normalized (true is
+// split, false is off); an unknown word is kept for the handler to warn about.
+func (p *parser) thinkTags(where, name string) (llmroute.ThinkTags, error) {
+	s, err := p.str(where, name)
+	if err != nil {
+		return "", err
+	}
+	switch strings.ToLower(s) {
+	case "true":
+		return "split", nil
+	case "false":
+		return "off", nil
+	case "off", "split", "strip":
+		return llmroute.ThinkTags(strings.ToLower(s)), nil
+	}
+	return llmroute.ThinkTags(s), nil
+}

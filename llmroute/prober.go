@@ -1,0 +1,161 @@
+package llmroute
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// The prober brings cooling upstreams back early: for each upstream in
+// backoff, every probe_interval, it sends SPEC §3's tiny streaming request
+// (provider and upstream patches applied) outside the slot accounting. 2xx
+// plus a first body byte within first_byte_timeout ends the cooling at once;
+// a failed probe changes nothing. One prober runs per handler instance and
+// stops in Cleanup; its results live in the pooled state, so a reload loses
+// nothing.
+
+// minProbeTick bounds how often the prober looks at the upstreams.
+const minProbeTick = 50 * time.Millisecond
+
+// probeTimeoutFallback bounds a probe of an upstream whose first-byte
+// watchdog is disabled.
+const probeTimeoutFallback = 30 * time.Second
+
+func (h *Handler) runProber() {
+	defer close(h.proberDone)
+	defer func() {
+		if p := recover(); p != nil {
+			h.logger.Error("prober panicked", zap.Any("error", p), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	var probed []*upstream
+	tick := time.Duration(0)
+	for _, uc := range h.Upstreams {
+		u := h.upstreams[uc.ID]
+		if u.probeInterval <= 0 || u.backoff == nil {
+			continue
+		}
+		probed = append(probed, u)
+		if tick == 0 || u.probeInterval < tick {
+			tick = u.probeInterval
+		}
+	}
+	if len(probed) == 0 {
+		return
+	}
+	tick = max(tick/4, minProbeTick)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	busy := make(map[*upstream]bool, len(probed))
+	lastProbe := make(map[*upstream]time.Time, len(probed))
+	var mu sync.Mutex // guards busy
+
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-h.stopProber:
+			return
+		case <-ctx.Done():
+			return
+		case now := <-ticker.C:
+			for _, u := range probed {
+				if !u.backoff.probeDue(now, u.probeInterval) || now.Sub(lastProbe[u]) < u.probeInterval {
+					continue
+				}
+				mu.Lock()
+				if busy[u] {
+					mu.Unlock()
+					continue
+				}
+				busy[u] = true
+				mu.Unlock()
+				lastProbe[u] = now
+				wg.Add(1)
+				go func(u *upstream) {
+					defer wg.Done()
+					defer func() {
+						mu.Lock()
+						busy[u] = false
+						mu.Unlock()
+					}()
+					h.probe(ctx, u)
+				}(u)
+			}
+		}
+	}
+}
+
+// probe sends one probe and records its outcome.
+func (h *Handler) probe(parent context.Context, u *upstream) {
+	defer func() {
+		if p := recover(); p != nil {
+			h.logger.Error("probe panicked", zap.Any("error", p), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	timeout := u.firstByte
+	if timeout <= 0 {
+		timeout = min(h.requestTimeout, probeTimeoutFallback)
+		if timeout <= 0 {
+			timeout = probeTimeoutFallback
+		}
+	}
+	ctx, cancel := context.WithTimeout(parent, timeout)
+	defer cancel()
+	ok, status := h.sendProbe(ctx, u)
+	if parent.Err() != nil {
+		return // shutting down: not a verdict
+	}
+	result := "fail"
+	if ok {
+		result = "ok"
+		u.recordSuccess(time.Now())
+		sched.dispatch() // waiting requests may use it now
+		if c := h.logger.Check(zapcore.InfoLevel, "probe answered, upstream back in the pool"); c != nil {
+			c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider))
+		}
+	} else if c := h.logger.Check(zapcore.InfoLevel, "probe failed, upstream stays cooling"); c != nil {
+		c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", status))
+	}
+	h.metrics.probes.WithLabelValues(u.id, u.provider, result).Inc()
+}
+
+// sendProbe reports whether the upstream answered 2xx and sent a first body
+// byte before ctx ended.
+func (h *Handler) sendProbe(ctx context.Context, u *upstream) (bool, int) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.url, bytes.NewReader(u.probeBody))
+	if err != nil {
+		return false, 0
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if u.auth != "" {
+		req.Header["Authorization"] = []string{u.auth}
+	}
+	for _, kv := range u.headers {
+		req.Header.Set(kv[0], kv[1])
+	}
+	resp, err := h.transport.RoundTrip(req)
+	if err != nil {
+		return false, 0
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		drain(resp.Body)
+		return false, resp.StatusCode
+	}
+	var one [1]byte
+	n, err := io.ReadFull(resp.Body, one[:])
+	// Close without draining: the rest of the answer is of no interest.
+	return n == 1 && err == nil, resp.StatusCode
+}

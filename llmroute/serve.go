@@ -1,0 +1,322 @@
+package llmroute
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+)
+
+// ServeHTTP routes chat completions and answers the model list; anything
+// else goes to the next handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	path := r.URL.Path
+	switch {
+	case strings.HasSuffix(path, "/chat/completions"):
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
+				message: "use POST for chat completions"}.write(w)
+			return nil
+		}
+		return h.serveChat(w, r)
+	case r.Method == http.MethodGet || r.Method == http.MethodHead:
+		if strings.HasSuffix(path, "/models") {
+			return h.serveModels(w)
+		}
+		if i := strings.LastIndex(path, "/models/"); i >= 0 {
+			return h.serveModel(w, path[i+len("/models/"):])
+		}
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// serveChat is the request path: read → parse → admit → attempt (failing
+// over to the next upstream while nothing has reached the client) → respond.
+func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
+	bodyBuf := getBuffer()
+	defer putBuffer(bodyBuf)
+	body, apiErr := readBody(r, h.maxBody, bodyBuf)
+	if apiErr != nil {
+		apiErr.write(w)
+		return nil
+	}
+	model, stream, err := transform.ParseRequest(body)
+	if err != nil {
+		if errors.Is(err, transform.ErrNoModel) {
+			errNoModel.write(w)
+		} else {
+			errBadJSON.write(w)
+		}
+		return nil
+	}
+	rt := h.routes[model]
+	if rt == nil {
+		errUnknownModel(model).write(w)
+		return nil
+	}
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl != nil {
+		repl.Set("http.llm_route.model", model)
+	}
+
+	idx, apiErr := h.admit(r, rt)
+	if apiErr != nil {
+		if apiErr == errClientGone {
+			return caddyhttp.Error(499, errClientClosed)
+		}
+		apiErr.write(w)
+		return nil
+	}
+	var failures []attemptRecord
+	for {
+		t := &rt.targets[idx]
+		res := h.attempt(w, r, rt, t, body, stream)
+		if repl != nil {
+			repl.Set("http.llm_route.upstream", t.up.id)
+			repl.Set("http.llm_route.provider", t.up.provider)
+			repl.Set("http.llm_route.attempts", len(failures)+1)
+		}
+		if res.out != outFailover {
+			return nil
+		}
+		failures = append(failures, attemptRecord{upstream: t.up.id, result: res.result, status: res.status})
+		next, ok := h.claimNext(rt, idx+1)
+		if !ok {
+			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
+				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
+			}
+			errAllFailed.write(w)
+			return nil
+		}
+		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {
+			c.Write(zap.String("model", rt.name), zap.String("from", t.up.id),
+				zap.String("to", rt.targets[next].up.id), zap.String("result", res.result), zap.Int("status", res.status))
+		}
+		idx = next
+	}
+}
+
+// errClientGone marks an admission that ended because the client left.
+var errClientGone = &apiError{status: 499, code: "client_closed_request"}
+
+// errClientClosed is returned to Caddy (status 499) when the client left
+// while waiting; there is nobody to write an answer to.
+var errClientClosed = errors.New("client closed the request")
+
+// attemptRecord is one failed attempt, kept for the "all upstreams failed"
+// log entry.
+type attemptRecord struct {
+	upstream string
+	result   string
+	status   int
+}
+
+type attemptLog []attemptRecord
+
+func (a attemptLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, r := range a {
+		_ = enc.AppendObject(zapcore.ObjectMarshalerFunc(func(o zapcore.ObjectEncoder) error {
+			o.AddString("upstream", r.upstream)
+			o.AddString("result", r.result)
+			if r.status != 0 {
+				o.AddInt("status", r.status)
+			}
+			return nil
+		}))
+	}
+	return nil
+}
+
+// admit takes a slot on the first upstream of the model, in order, that is
+// not cooling and has a free slot, waiting in the model's queue if it has
+// one. It returns the index of the claimed target.
+func (h *Handler) admit(r *http.Request, rt *route) (int, *apiError) {
+	if sched.waiting.Load() == 0 {
+		if idx, ok := h.claimNext(rt, 0); ok {
+			if rt.queueSize > 0 {
+				h.observeWait(rt, "admitted", 0)
+			}
+			return idx, nil
+		}
+	}
+	if rt.queueSize > 0 {
+		return h.wait(r, rt)
+	}
+	// Re-check under the scheduler so earlier waiters of other models keep
+	// their turn.
+	if idx, ok := sched.claimNow(rt); ok {
+		return idx, nil
+	}
+	return -1, h.reject(rt)
+}
+
+// claimNext claims a slot on the first eligible target at or after from.
+func (h *Handler) claimNext(rt *route, from int) (int, bool) {
+	now := time.Now()
+	for i := from; i < len(rt.targets); i++ {
+		u := rt.targets[i].up
+		if left := u.cooling(now); left > 0 {
+			if c := h.logger.Check(zapcore.DebugLevel, "upstream cooling, skipped"); c != nil {
+				c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.Duration("left", left))
+			}
+			continue
+		}
+		if n, ok := u.state.tryClaim(); ok {
+			if c := h.logger.Check(zapcore.DebugLevel, "request accepted"); c != nil {
+				c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
+					zap.Int64("slot", n), zap.Int64("limit", u.limit))
+			}
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// reject builds the 503 for a model with no free upstream: cooling (with
+// Retry-After) when every upstream is in backoff, busy otherwise.
+func (h *Handler) reject(rt *route) *apiError {
+	now := time.Now()
+	allCooling := true
+	soonest := time.Duration(math.MaxInt64)
+	for _, t := range rt.targets {
+		left := t.up.cooling(now)
+		if left <= 0 {
+			allCooling = false
+			break
+		}
+		soonest = min(soonest, left)
+	}
+	if allCooling {
+		secs := int(math.Ceil(soonest.Seconds()))
+		if c := h.logger.Check(zapcore.WarnLevel, "all upstreams cooling"); c != nil {
+			c.Write(zap.String("model", rt.name), zap.Int("retry_after", secs))
+		}
+		e := errAllCooling(max(secs, 1))
+		return &e
+	}
+	if c := h.logger.Check(zapcore.WarnLevel, "all upstreams busy"); c != nil {
+		c.Write(zap.String("model", rt.name), zap.Array("slots", slotLog{rt, now}))
+	}
+	e := errAllBusy
+	return &e
+}
+
+// slotLog renders the slot state of every upstream of a route.
+type slotLog struct {
+	rt  *route
+	now time.Time
+}
+
+func (s slotLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, t := range s.rt.targets {
+		u := t.up
+		_ = enc.AppendObject(zapcore.ObjectMarshalerFunc(func(o zapcore.ObjectEncoder) error {
+			o.AddString("upstream", u.id)
+			o.AddInt64("inflight", u.state.inflight.Load())
+			if u.limit != unlimited {
+				o.AddInt64("limit", u.limit)
+			}
+			if left := u.cooling(s.now); left > 0 {
+				o.AddDuration("cooling", left)
+			}
+			return nil
+		}))
+	}
+	return nil
+}
+
+// serveModels answers GET …/models in the OpenAI list format.
+func (h *Handler) serveModels(w http.ResponseWriter) error {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(h.modelsBody)))
+	w.WriteHeader(http.StatusOK)
+	_, err := w.Write(h.modelsBody)
+	return ignoreClientGone(err)
+}
+
+// serveModel answers GET …/models/{name}.
+func (h *Handler) serveModel(w http.ResponseWriter, name string) error {
+	if h.routes[name] == nil {
+		errUnknownModel(name).write(w)
+		return nil
+	}
+	body := appendModelObject(nil, name, h.created)
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, err := w.Write(body)
+	return ignoreClientGone(err)
+}
+
+// modelsListBody pre-encodes the model list at provision time.
+func modelsListBody(names []string, created int64) []byte {
+	b := []byte(`{"object":"list","data":[`)
+	for i, n := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendModelObject(b, n, created)
+	}
+	return append(b, "]}\n"...)
+}
+
+func appendModelObject(b []byte, name string, created int64) []byte {
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"object":"model","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	return append(b, `,"owned_by":"llm_route"}`...)
+}
+
+// ignoreClientGone drops write errors: the client left, nothing to report.
+func ignoreClientGone(error) error { return nil }
+
+// readBody reads the whole request body into buf, bounded by limit.
+func readBody(r *http.Request, limit int64, buf *bytes.Buffer) ([]byte, *apiError) {
+	if r.ContentLength > limit {
+		return nil, &errTooLarge
+	}
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, &errReadBody
+	}
+	if n > limit {
+		return nil, &errTooLarge
+	}
+	return buf.Bytes(), nil
+}
+
+// bufferPool recycles request and response bodies; buffers that grew past
+// maxPooledBuffer are dropped so one huge body does not pin memory.
+var bufferPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledBuffer = 1 << 20
+
+func getBuffer() *bytes.Buffer { return bufferPool.Get().(*bytes.Buffer) }
+
+func putBuffer(b *bytes.Buffer) {
+	if b.Cap() > maxPooledBuffer {
+		return
+	}
+	b.Reset()
+	bufferPool.Put(b)
+}

@@ -1,0 +1,191 @@
+package transform
+
+// Reasoning backfill (SPEC §7). Some gateways in thinking mode reject a history
+// whose assistant messages lack their native reasoning field, while clients
+// keep reasoning in their own shapes ("reasoning" string, "reasoning_details"
+// array). The backfill adds the native field from those, additively: nothing
+// is removed or renamed, and only assistant messages are touched.
+//
+// Decisions where the spec is silent:
+//   - A field that is present but "" or null counts as missing and is replaced
+//     in place; with no text it is left alone, except that reasoning_empty_ok
+//     turns a null (or other non-string) into "".
+//   - A present non-string value (number, object, ...) counts as missing too:
+//     the upstream wants a string.
+//   - reasoning_details items are used when their "type" is absent, null or
+//     "reasoning.text" and their "text" is a string; empty texts still take part
+//     in the "\n" join. A join that yields "" is "no text".
+//   - Text is joined from the raw JSON string interiors, so it is never decoded
+//     or re-encoded and escapes survive as the client wrote them.
+//   - When a message repeats a key, its last occurrence is the one read.
+
+// backfillMessages appends msgs (the raw value of "messages") to dst with the
+// reasoning field backfilled. Anything that isn't an array of objects is copied
+// through.
+func backfillMessages(dst, msgs []byte, e *RequestEdit) []byte {
+	if len(msgs) == 0 || msgs[0] != '[' {
+		return append(dst, msgs...)
+	}
+	// The field name as a JSON key, usually on the stack.
+	var kbuf [64]byte
+	fieldKey := appendQuotedString(kbuf[:0], e.ReasoningField)
+	it := iterArray(msgs, 0, false)
+	cur := 0
+	for {
+		vs, _, more := it.next()
+		if !more {
+			break
+		}
+		if msgs[vs] != '{' {
+			continue
+		}
+		dst, cur = backfillOne(dst, msgs, vs, cur, e, fieldKey)
+	}
+	return append(dst, msgs[cur:]...)
+}
+
+// backfillOne handles the message object at msgs[vs]. It appends msgs[cur:...]
+// up to and including any change and returns the new copy cursor; when the
+// message needs nothing it appends nothing and returns cur unchanged.
+func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte) ([]byte, int) {
+	it := iterObject(msgs, vs, false)
+	var m member
+	var role, field, reasoning, details member
+	role.vs, field.vs, reasoning.vs, details.vs = -1, -1, -1, -1
+	lastEnd := vs + 1
+	var tmp [64]byte
+	for it.next(&m) {
+		lastEnd = m.ve
+		key := msgs[m.ks:m.ke]
+		if m.kesc {
+			key = appendUnescape(tmp[:0], key)
+		}
+		switch string(key) {
+		case "role":
+			role = m
+		case "reasoning":
+			reasoning = m
+		case "reasoning_details":
+			details = m
+		}
+		if string(key) == e.ReasoningField { // may also be one of the above
+			field = m
+		}
+	}
+	if !it.ok || role.vs < 0 {
+		return dst, cur
+	}
+	if rv := msgs[role.vs:role.ve]; !strIs(rv, true, "assistant") {
+		return dst, cur
+	}
+	// Present and non-empty: nothing to do. `""` is the only empty string.
+	if field.vs >= 0 && msgs[field.vs] == '"' && field.ve-field.vs > 2 {
+		return dst, cur
+	}
+	// Where the text comes from: "reasoning" or the joined details.
+	useReasoning := reasoning.vs >= 0 && reasoning.vs != field.vs &&
+		msgs[reasoning.vs] == '"' && reasoning.ve-reasoning.vs > 2
+	hasText := useReasoning
+	if !useReasoning && details.vs >= 0 && details.vs != field.vs {
+		n, size := countDetails(msgs[details.vs:details.ve])
+		hasText = n >= 2 || size > 0
+	}
+	if !hasText && !e.ReasoningEmptyOK {
+		return dst, cur
+	}
+	if !hasText && field.vs >= 0 && msgs[field.vs] == '"' {
+		return dst, cur // already ""
+	}
+	var value []byte // raw source: the reasoning string or the details array
+	switch {
+	case useReasoning:
+		value = msgs[reasoning.vs:reasoning.ve]
+	case hasText:
+		value = msgs[details.vs:details.ve]
+	}
+	next := lastEnd
+	if field.vs >= 0 {
+		dst = append(dst, msgs[cur:field.vs]...)
+		next = field.ve
+	} else {
+		dst = append(dst, msgs[cur:lastEnd]...)
+		if lastEnd > vs+1 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, fieldKey...)
+		dst = append(dst, ':')
+	}
+	switch {
+	case useReasoning:
+		dst = append(dst, value...)
+	case hasText:
+		dst = append(dst, '"')
+		dst = appendDetails(dst, value)
+		dst = append(dst, '"')
+	default:
+		dst = append(dst, `""`...)
+	}
+	return dst, next
+}
+
+// countDetails returns how many reasoning_details texts are selected and their
+// total raw length, to tell "no text" apart without writing anything.
+func countDetails(arr []byte) (n, size int) {
+	walkDetails(arr, func(interior []byte) {
+		n++
+		size += len(interior)
+	})
+	return n, size
+}
+
+// appendDetails appends the selected texts' raw string interiors joined by an
+// escaped newline: concatenating valid interiors yields a valid string.
+func appendDetails(dst, arr []byte) []byte {
+	n := 0
+	walkDetails(arr, func(interior []byte) {
+		if n > 0 {
+			dst = append(dst, `\n`...)
+		}
+		n++
+		dst = append(dst, interior...)
+	})
+	return dst
+}
+
+// walkDetails calls f with the raw interior of every selected text of a
+// reasoning_details array.
+func walkDetails(arr []byte, f func(interior []byte)) {
+	if len(arr) == 0 || arr[0] != '[' {
+		return
+	}
+	it := iterArray(arr, 0, false)
+	for {
+		vs, _, more := it.next()
+		if !more {
+			return
+		}
+		if arr[vs] != '{' {
+			continue
+		}
+		oi := iterObject(arr, vs, false)
+		var m, typ, text member
+		typ.vs, text.vs = -1, -1
+		for oi.next(&m) {
+			if keyIs(arr, &m, "type") {
+				typ = m
+			} else if keyIs(arr, &m, "text") {
+				text = m
+			}
+		}
+		if !oi.ok || text.vs < 0 || arr[text.vs] != '"' {
+			continue
+		}
+		if typ.vs >= 0 {
+			tv := arr[typ.vs:typ.ve]
+			if string(tv) != "null" && !strIs(tv, true, "reasoning.text") {
+				continue
+			}
+		}
+		f(arr[text.vs+1 : text.ve-1])
+	}
+}

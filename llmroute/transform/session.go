@@ -1,0 +1,530 @@
+package transform
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"sort"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// maxPrefixesPerSession caps the prefix hashes remembered per session (and
+// recorded per request): the most recent 128 turns of a conversation. A new
+// request matches when any of its last 128 prefixes is known, which covers a
+// growing conversation (its previous request is a prefix) and an edited or
+// regenerated turn anywhere in the last 128 messages. Memory is bounded by
+// sessions × 128 map entries (about 6 MB at the production 1000 sessions).
+const maxPrefixesPerSession = 128
+
+// prefixKey is a truncated prefix hash; 128 bits is plenty for a registry of
+// at most a few hundred thousand entries.
+type prefixKey [16]byte
+
+// Sessions derives stable session ids from chat histories (SPEC §5).
+//
+// Each message, from the first "user" message on (earlier ones, typically a
+// system prompt shared by every conversation of a client, are ignored), is
+// reduced to a canonical form and chained: P1 = H(seed ‖ H(m1)),
+// Pk = H(Pk-1 ‖ H(mk)) with SHA-256. A request is in the same session as an
+// earlier one when one of its prefix hashes was recorded for that session; the
+// longest known prefix wins. Otherwise a new session starts, named by the hash
+// of the whole history (32 hex digits). Every prefix of a request is recorded
+// under its session, so a conversation keeps its id as it grows and when its
+// last turn is regenerated or edited.
+//
+// The canonical form of a message keeps what identifies a turn and is stable
+// when clients echo history back: role, content (a string, or the text parts
+// of a content array concatenated, so "hi" and [{"type":"text","text":"hi"}]
+// are equal; leading and trailing white space trimmed; null, "" and absent are
+// equal; non-text parts by their canonical JSON without cache_control), name,
+// tool_call_id, and tool_calls' id, function name and arguments. It ignores
+// reasoning fields (reasoning, reasoning_content, reasoning_details: clients
+// drop or add them, and the reasoning backfill adds one), every other field,
+// JSON white space, key order and string escaping.
+//
+// Known limits: trimming or summarising the history breaks the prefix, so the
+// conversation continues under a new id; conversations whose first user
+// message (and what follows) are identical share one id; the registry lives
+// in memory, so a restart gives active conversations new ids. It holds at most
+// maxSessions sessions (least recently used evicted first, with all their
+// prefixes) for at most ttl since their last use.
+//
+// A body without messages gets the hash of the body itself, unrecorded; one
+// without a user message is chained from its first message. ID never returns
+// "". Sessions is safe for concurrent use; hashing happens outside the lock.
+type Sessions struct {
+	max int
+	ttl time.Duration
+	now func() time.Time
+
+	mu       sync.Mutex
+	byPrefix map[prefixKey]*session
+	head     *session // most recently used
+	tail     *session
+	n        int
+}
+
+type session struct {
+	id         string
+	prefixes   []prefixKey // ring of the most recent prefixes
+	next       int         // ring write position once full
+	expires    time.Time
+	prev, succ *session
+}
+
+// NewSessions returns an empty registry. Production values are 1000
+// sessions, 6h and time.Now; non-positive values fall back to them, and a nil
+// now to time.Now.
+func NewSessions(maxSessions int, ttl time.Duration, now func() time.Time) *Sessions {
+	if maxSessions <= 0 {
+		maxSessions = 1000
+	}
+	if ttl <= 0 {
+		ttl = 6 * time.Hour
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Sessions{max: maxSessions, ttl: ttl, now: now, byPrefix: make(map[prefixKey]*session)}
+}
+
+// Len returns the number of live sessions (expired ones may linger until the
+// next ID call).
+func (s *Sessions) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// hashState is per-call scratch, pooled so ID does not allocate per message.
+type hashState struct {
+	canon    []byte
+	text     []byte
+	prefixes []prefixKey
+}
+
+var hashPool = sync.Pool{New: func() any { return new(hashState) }}
+
+// ID returns the session id for a final outgoing body (after patches) and
+// records the body's history under it.
+func (s *Sessions) ID(body []byte) string {
+	hs := hashPool.Get().(*hashState)
+	defer hashPool.Put(hs)
+	hs.prefixes = historyPrefixes(body, hs)
+	prefixes := hs.prefixes
+	if len(prefixes) == 0 {
+		sum := sha256.Sum256(body)
+		return hex.EncodeToString(sum[:16])
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for s.tail != nil && !now.Before(s.tail.expires) {
+		s.remove(s.tail)
+	}
+	var sess *session
+	for i := len(prefixes) - 1; i >= 0 && sess == nil; i-- {
+		sess = s.byPrefix[prefixes[i]]
+	}
+	if sess == nil {
+		last := prefixes[len(prefixes)-1]
+		sess = &session{id: hex.EncodeToString(last[:])}
+		s.pushFront(sess)
+		s.n++
+		if s.n > s.max {
+			s.remove(s.tail)
+		}
+	} else if s.head != sess {
+		s.unlink(sess)
+		s.pushFront(sess)
+	}
+	sess.expires = now.Add(s.ttl)
+	from := len(prefixes) - maxPrefixesPerSession
+	if from < 0 {
+		from = 0
+	}
+	for _, p := range prefixes[from:] {
+		if _, ok := s.byPrefix[p]; !ok {
+			s.byPrefix[p] = sess
+			s.addPrefix(sess, p)
+		}
+	}
+	return sess.id
+}
+
+// addPrefix remembers p for sess, forgetting its oldest prefix when full.
+func (s *Sessions) addPrefix(sess *session, p prefixKey) {
+	if len(sess.prefixes) < maxPrefixesPerSession {
+		sess.prefixes = append(sess.prefixes, p)
+		return
+	}
+	old := sess.prefixes[sess.next]
+	if s.byPrefix[old] == sess {
+		delete(s.byPrefix, old)
+	}
+	sess.prefixes[sess.next] = p
+	sess.next = (sess.next + 1) % maxPrefixesPerSession
+}
+
+// remove evicts sess and its prefixes.
+func (s *Sessions) remove(sess *session) {
+	for _, p := range sess.prefixes {
+		if s.byPrefix[p] == sess {
+			delete(s.byPrefix, p)
+		}
+	}
+	s.unlink(sess)
+	s.n--
+}
+
+func (s *Sessions) unlink(sess *session) {
+	if sess.prev != nil {
+		sess.prev.succ = sess.succ
+	} else {
+		s.head = sess.succ
+	}
+	if sess.succ != nil {
+		sess.succ.prev = sess.prev
+	} else {
+		s.tail = sess.prev
+	}
+	sess.prev, sess.succ = nil, nil
+}
+
+func (s *Sessions) pushFront(sess *session) {
+	sess.succ = s.head
+	if s.head != nil {
+		s.head.prev = sess
+	}
+	s.head = sess
+	if s.tail == nil {
+		s.tail = sess
+	}
+}
+
+// sessionSeed starts every chain, so ids are specific to this scheme.
+var sessionSeed = sha256.Sum256([]byte("llm_route session v1"))
+
+// historyPrefixes computes the prefix hash chain of body's messages into
+// hs.prefixes (reused). It returns nil when there are no messages.
+func historyPrefixes(body []byte, hs *hashState) []prefixKey {
+	out := hs.prefixes[:0]
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return out
+	}
+	it := iterObject(body, i, false)
+	var m, msgs member
+	msgs.vs = -1
+	for it.next(&m) {
+		if keyIs(body, &m, "messages") {
+			msgs = m
+		}
+	}
+	if !it.ok || msgs.vs < 0 || body[msgs.vs] != '[' {
+		return out
+	}
+	// Where to start: the first user message, or the first message if none.
+	start := -1
+	ai := iterArray(body, msgs.vs, false)
+	for {
+		vs, _, more := ai.next()
+		if !more {
+			break
+		}
+		if start < 0 {
+			start = vs
+		}
+		if isUser(body, vs) {
+			start = vs
+			break
+		}
+	}
+	if start < 0 {
+		return out
+	}
+	chain := sessionSeed
+	var link [2 * sha256.Size]byte
+	ai = arrIter{b: body, i: start, first: true, ok: true}
+	ai.i = start // iterate from the start element, as if it were the first
+	for {
+		vs, ve, more := ai.nextFrom()
+		if !more {
+			break
+		}
+		hs.canon = canonMessage(hs.canon[:0], body[vs:ve], hs)
+		d := sha256.Sum256(hs.canon)
+		copy(link[:sha256.Size], chain[:])
+		copy(link[sha256.Size:], d[:])
+		chain = sha256.Sum256(link[:])
+		var k prefixKey
+		copy(k[:], chain[:])
+		out = append(out, k)
+	}
+	return out
+}
+
+// nextFrom is next for an iterator positioned directly at an element (used to
+// resume a walk in the middle of an array).
+func (it *arrIter) nextFrom() (vs, ve int, more bool) {
+	if it.first {
+		it.first = false
+		i := skipWS(it.b, it.i)
+		end, ok := skipValue(it.b, i, false, 1)
+		if !ok {
+			it.ok = false
+			return 0, 0, false
+		}
+		it.i = end
+		return i, end, true
+	}
+	return it.next()
+}
+
+// isUser reports whether the element at b[vs] is an object with role "user".
+func isUser(b []byte, vs int) bool {
+	if b[vs] != '{' {
+		return false
+	}
+	it := iterObject(b, vs, false)
+	var m member
+	user := false
+	for it.next(&m) {
+		if keyIs(b, &m, "role") {
+			user = strIs(b[m.vs:m.ve], true, "user")
+		}
+	}
+	return user
+}
+
+// Record tags of the canonical form.
+const (
+	recRole     = 'r'
+	recContent  = 'c'
+	recPart     = 'p'
+	recName     = 'n'
+	recCallID   = 'i'
+	recToolID   = 'T'
+	recToolName = 'f'
+	recToolArgs = 'a'
+	recOther    = 'x'
+)
+
+func appendRec(dst []byte, tag byte, data []byte) []byte {
+	dst = append(dst, tag)
+	dst = binary.AppendUvarint(dst, uint64(len(data)))
+	return append(dst, data...)
+}
+
+// appendStrRec appends a record with the decoded value of a JSON string; it
+// does nothing for non-strings.
+func appendStrRec(dst []byte, tag byte, v []byte, hs *hashState) []byte {
+	if len(v) < 2 || v[0] != '"' {
+		return dst
+	}
+	hs.text = appendUnescape(hs.text[:0], v[1:len(v)-1])
+	return appendRec(dst, tag, hs.text)
+}
+
+// canonMessage appends the canonical form of one message (see Sessions).
+func canonMessage(dst, msg []byte, hs *hashState) []byte {
+	if len(msg) == 0 || msg[0] != '{' {
+		return appendRec(dst, recOther, canonJSON(nil, msg))
+	}
+	it := iterObject(msg, 0, false)
+	var m, role, content, name, callID, calls member
+	role.vs, content.vs, name.vs, callID.vs, calls.vs = -1, -1, -1, -1, -1
+	for it.next(&m) {
+		switch {
+		case keyIs(msg, &m, "role"):
+			role = m
+		case keyIs(msg, &m, "content"):
+			content = m
+		case keyIs(msg, &m, "name"):
+			name = m
+		case keyIs(msg, &m, "tool_call_id"):
+			callID = m
+		case keyIs(msg, &m, "tool_calls"):
+			calls = m
+		}
+	}
+	if role.vs >= 0 {
+		dst = appendStrRec(dst, recRole, msg[role.vs:role.ve], hs)
+	}
+	if content.vs >= 0 {
+		dst = canonContent(dst, msg[content.vs:content.ve], hs)
+	}
+	if name.vs >= 0 {
+		dst = appendStrRec(dst, recName, msg[name.vs:name.ve], hs)
+	}
+	if callID.vs >= 0 {
+		dst = appendStrRec(dst, recCallID, msg[callID.vs:callID.ve], hs)
+	}
+	if calls.vs >= 0 && msg[calls.vs] == '[' {
+		ai := iterArray(msg, calls.vs, false)
+		for {
+			vs, ve, more := ai.next()
+			if !more {
+				break
+			}
+			dst = canonToolCall(dst, msg[vs:ve], hs)
+		}
+	}
+	return dst
+}
+
+// canonContent writes the content record: the trimmed concatenated text, and
+// one record per non-text part.
+func canonContent(dst, v []byte, hs *hashState) []byte {
+	text := hs.text[:0]
+	switch v[0] {
+	case '"':
+		text = appendUnescape(text, v[1:len(v)-1])
+	case '[':
+		ai := iterArray(v, 0, false)
+		for {
+			vs, ve, more := ai.next()
+			if !more {
+				break
+			}
+			part := v[vs:ve]
+			if part[0] == '"' {
+				text = appendUnescape(text, part[1:len(part)-1])
+				continue
+			}
+			if t, ok := textPart(part); ok {
+				text = appendUnescape(text, t)
+				continue
+			}
+			dst = appendRec(dst, recPart, canonJSON(nil, part))
+		}
+	}
+	hs.text = text
+	if t := bytes.TrimFunc(text, unicode.IsSpace); len(t) > 0 {
+		dst = appendRec(dst, recContent, t)
+	}
+	return dst
+}
+
+// textPart returns the raw interior of a text part's text: an object with a
+// string "text" and a "type" that is absent or one of the text types.
+func textPart(part []byte) ([]byte, bool) {
+	if part[0] != '{' {
+		return nil, false
+	}
+	it := iterObject(part, 0, false)
+	var m, typ, text member
+	typ.vs, text.vs = -1, -1
+	for it.next(&m) {
+		if keyIs(part, &m, "type") {
+			typ = m
+		} else if keyIs(part, &m, "text") {
+			text = m
+		}
+	}
+	if text.vs < 0 || part[text.vs] != '"' {
+		return nil, false
+	}
+	if typ.vs >= 0 {
+		t := part[typ.vs:typ.ve]
+		if !strIs(t, true, "text") && !strIs(t, true, "input_text") && !strIs(t, true, "output_text") {
+			return nil, false
+		}
+	}
+	return part[text.vs+1 : text.ve-1], true
+}
+
+func canonToolCall(dst, call []byte, hs *hashState) []byte {
+	if call[0] != '{' {
+		return appendRec(dst, recOther, canonJSON(nil, call))
+	}
+	it := iterObject(call, 0, false)
+	var m, id, fn member
+	id.vs, fn.vs = -1, -1
+	for it.next(&m) {
+		if keyIs(call, &m, "id") {
+			id = m
+		} else if keyIs(call, &m, "function") {
+			fn = m
+		}
+	}
+	if id.vs >= 0 {
+		dst = appendStrRec(dst, recToolID, call[id.vs:id.ve], hs)
+	}
+	if fn.vs >= 0 && call[fn.vs] == '{' {
+		fi := iterObject(call, fn.vs, false)
+		var name, args member
+		name.vs, args.vs = -1, -1
+		for fi.next(&m) {
+			if keyIs(call, &m, "name") {
+				name = m
+			} else if keyIs(call, &m, "arguments") {
+				args = m
+			}
+		}
+		if name.vs >= 0 {
+			dst = appendStrRec(dst, recToolName, call[name.vs:name.ve], hs)
+		}
+		if args.vs >= 0 {
+			dst = appendStrRec(dst, recToolArgs, call[args.vs:args.ve], hs)
+		}
+	}
+	return dst
+}
+
+// canonJSON appends a canonical encoding of any JSON value: object keys sorted
+// (cache_control dropped), strings decoded, no white space. It is only used on
+// rare shapes (non-text content parts), so it may allocate.
+func canonJSON(dst, v []byte) []byte {
+	if len(v) == 0 {
+		return dst
+	}
+	switch v[0] {
+	case '{':
+		type kv struct {
+			k []byte
+			v []byte
+		}
+		var kvs []kv
+		it := iterObject(v, 0, false)
+		var m member
+		for it.next(&m) {
+			k := appendUnescape(nil, v[m.ks:m.ke])
+			if string(k) == "cache_control" {
+				continue
+			}
+			kvs = append(kvs, kv{k, v[m.vs:m.ve]})
+		}
+		sort.SliceStable(kvs, func(i, j int) bool { return bytes.Compare(kvs[i].k, kvs[j].k) < 0 })
+		dst = append(dst, '{')
+		for _, e := range kvs {
+			dst = appendRec(dst, 'k', e.k)
+			dst = canonJSON(dst, e.v)
+		}
+		return append(dst, '}')
+	case '[':
+		dst = append(dst, '[')
+		ai := iterArray(v, 0, false)
+		for {
+			vs, ve, more := ai.next()
+			if !more {
+				break
+			}
+			dst = canonJSON(dst, v[vs:ve])
+		}
+		return append(dst, ']')
+	case '"':
+		s := appendUnescape(nil, v[1:len(v)-1])
+		if !utf8.Valid(s) {
+			s = bytes.ToValidUTF8(s, []byte("\uFFFD"))
+		}
+		return appendRec(dst, 's', s)
+	default:
+		return appendRec(dst, 'v', v)
+	}
+}
