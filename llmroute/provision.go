@@ -37,7 +37,7 @@ type upstream struct {
 
 	url        string   // provider URL + /chat/completions
 	target     *url.URL // url, parsed once
-	auth       string // "Bearer <key>", or "" for no Authorization header
+	auth       string   // "Bearer <key>", or "" for no Authorization header
 	headers    [][2]string
 	sessionHdr string
 

@@ -46,7 +46,6 @@ type upstreamState struct {
 	// backoff is the backoff scope under the newest config (nil = none), for
 	// the cooling gauge.
 	backoff atomic.Pointer[backoffState]
-
 }
 
 // tryClaim takes a slot if the upstream is below its limit. It returns the
