@@ -143,6 +143,9 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 		u.recordSuccess(time.Now())
 	}
 	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+	// The client gets the upstream's status and headers (x-request-id, its
+	// Content-Type, a 400's status), minus hop-by-hop ones.
+	h.writeResponseHeader(w, resp, u, t)
 	if serr := h.copyResponse(w, r, ctx, resp, u, first, firstErr, *copyBuf, w8); serr != nil {
 		res.result = serr.result
 		res.abort = serr.code != ""
@@ -153,18 +156,20 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 // codeFirstByte marks a watchdog that fired before the first byte.
 const codeFirstByte = "first_byte"
 
-// watchdog cancels an attempt when its timer fires and remembers why.
+// watchdog cancels an attempt when its timer fires and remembers why. One
+// timer serves both windows of a stream: first byte, then idle.
 type watchdog struct {
 	cancel context.CancelFunc
 	timer  *time.Timer
-	fired  atomic.Pointer[string]
-	period time.Duration
-	reason string
+	period time.Duration          // owned by the request goroutine
+	reason atomic.Pointer[string] // why the armed window would fire
+	fired  atomic.Pointer[string] // why it did fire
 }
 
 // arm (re)starts the timer for d with the given reason.
 func (w *watchdog) arm(d time.Duration, reason string) {
-	w.period, w.reason = d, reason
+	w.period = d
+	w.reason.Store(&reason)
 	if w.timer == nil {
 		w.timer = time.AfterFunc(d, w.fire)
 		return
@@ -180,14 +185,15 @@ func (w *watchdog) kick() {
 }
 
 func (w *watchdog) fire() {
-	reason := w.reason
-	w.fired.Store(&reason)
+	w.fired.Store(w.reason.Load())
 	w.cancel()
 }
 
+// stop disarms the timer until the next arm.
 func (w *watchdog) stop() {
 	if w.timer != nil {
 		w.timer.Stop()
+		w.period = 0
 	}
 }
 
