@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
@@ -125,20 +126,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
-		u.state = h.refs.adoptUpstream(u.id)
-		u.state.limit.Store(u.limit)
-		u.state.provider.Store(&u.provider)
+		var fresh bool
+		u.state, fresh = h.refs.adoptUpstream(u.id)
 		if u.backoffScope != "" {
-			key := backoffKey(u.backoffScope, map[string]string{"upstream": u.id, "provider": u.provider}[u.backoffScope])
+			scopeID := u.id
+			if u.backoffScope == "provider" {
+				scopeID = u.provider
+			}
+			key := backoffKey(u.backoffScope, scopeID)
 			b, ok := backoffs[key]
 			if !ok {
 				b = h.refs.adoptBackoff(key)
-				b.setCap(u.backoffCap)
 				backoffs[key] = b
 			}
 			u.backoff = b
 		}
-		u.state.backoff.Store(u.backoff)
+		if fresh {
+			u.applyShared() // nobody else uses it yet
+		}
 		h.upstreams[u.id] = u
 	}
 
@@ -157,8 +162,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.transport = newTransport()
 	h.logSummary()
 
-	// A raised limit may let waiting requests in right away.
-	sched.dispatch()
+	h.applySharedWhenStarted(ctx)
 
 	h.stopProber = make(chan struct{})
 	h.proberDone = make(chan struct{})
@@ -361,4 +365,45 @@ func (h *Handler) attemptContext(parent context.Context) (context.Context, conte
 		return context.WithTimeout(parent, h.requestTimeout)
 	}
 	return context.WithCancel(parent)
+}
+
+// applyShared writes this config's view of an upstream into the shared
+// state: slot limit, metric label, backoff scope and cap.
+func (u *upstream) applyShared() {
+	u.state.limit.Store(u.limit)
+	u.state.provider.Store(&u.provider)
+	u.state.backoff.Store(u.backoff)
+	if u.backoff != nil {
+		u.backoff.setCap(u.backoffCap)
+	}
+}
+
+// applySharedWhenStarted applies this config's limits to the shared state
+// once the config is actually running: Caddy provisions configs that it then
+// throws away (a failed load, a validation), and those must not change the
+// limits the running config enforces. A raised limit may admit waiting
+// requests at once.
+func (h *Handler) applySharedWhenStarted(ctx caddy.Context) {
+	apply := func() {
+		for _, u := range h.upstreams {
+			u.applyShared()
+		}
+		sched.dispatch()
+	}
+	app, err := ctx.App("events")
+	if ev, ok := app.(*caddyevents.App); err == nil && ok {
+		if err := ev.On("started", startedHook(apply)); err == nil {
+			return
+		}
+	}
+	apply() // no event bus (e.g. a bare test context): apply now
+}
+
+// startedHook runs a function on Caddy's "started" event.
+type startedHook func()
+
+// Handle satisfies caddyevents.Handler.
+func (f startedHook) Handle(context.Context, caddy.Event) error {
+	f()
+	return nil
 }

@@ -207,10 +207,11 @@ func (p *poolRefs) release() {
 
 // adoptUpstream returns the shared state for id, creating it if needed, and
 // records the reference.
-func (p *poolRefs) adoptUpstream(id string) *upstreamState {
-	v, _ := upstreamPool.LoadOrStore(id, &upstreamState{id: id})
+// fresh reports that no other config holds it.
+func (p *poolRefs) adoptUpstream(id string) (st *upstreamState, fresh bool) {
+	v, loaded := upstreamPool.LoadOrStore(id, &upstreamState{id: id})
 	p.upstreams = append(p.upstreams, id)
-	return v.(*upstreamState)
+	return v.(*upstreamState), !loaded
 }
 
 // adoptBackoff returns the shared backoff state for key.

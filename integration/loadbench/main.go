@@ -1,0 +1,289 @@
+// Command loadbench is the load benchmark of issue #7: it compares the
+// llm_route handler with a plain reverse_proxy, both running in the same
+// Caddy binary, against a fake OpenAI-compatible upstream, and reports paired
+// ratios and budget verdicts.
+//
+// Run it through ./integration/loadbench/run.sh, which builds the Caddy
+// binary and this program and pins the processes; see README.md.
+//
+// In one run it starts the fake upstream (in this process), starts two Caddy
+// processes (one per handler, pinned to -proxy-cpu), checks one request of
+// every scenario against both, then for every round and scenario drives both
+// targets in turn (the order alternates) with a closed loop of N keep-alive
+// connections: warm-up, then a measured window. Every response is validated;
+// errors are reported, and make the exit status 1. Budget misses are only
+// reported.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// config holds the command-line knobs.
+type config struct {
+	caddyBin    string
+	outDir      string
+	duration    time.Duration
+	warmup      time.Duration
+	rounds      int
+	quick       bool
+	proxyCPU    string
+	scenarios   string
+	profile     time.Duration
+	plainIdle   int
+	think       time.Duration
+	interval    time.Duration
+	machineNote string
+}
+
+func parseFlags() *config {
+	c := &config{}
+	flag.StringVar(&c.caddyBin, "caddy", "", "Caddy binary built with the llm_route module (required)")
+	flag.StringVar(&c.outDir, "out", "integration/loadbench/out", "directory for report.md, configs, logs and profiles")
+	flag.DurationVar(&c.duration, "duration", 5*time.Second, "measured window per scenario, target and round")
+	flag.DurationVar(&c.warmup, "warmup", time.Second, "warm-up before each measured window")
+	flag.IntVar(&c.rounds, "rounds", 3, "rounds; the order of the two targets alternates")
+	flag.BoolVar(&c.quick, "quick", false, "smoke run: -duration 1s -warmup 300ms -rounds 2 unless set explicitly")
+	flag.StringVar(&c.proxyCPU, "proxy-cpu", "", "CPU list to pin both Caddy processes to with taskset (empty: no pinning)")
+	flag.StringVar(&c.scenarios, "scenarios", "all", "comma-separated scenario names to run, or all")
+	flag.DurationVar(&c.profile, "profile", 0, "if > 0, afterwards capture CPU profiles of this length from both proxies' /debug/pprof")
+	flag.IntVar(&c.plainIdle, "plain-idle", 1024, "reverse_proxy keep_alive.max_idle_conns_per_host (llm_route uses 1024; 0 = Caddy's default 32)")
+	flag.DurationVar(&c.think, "think", 50*time.Millisecond, "paced stream: delay before the first event")
+	flag.DurationVar(&c.interval, "interval", 5*time.Millisecond, "paced stream: delay between events")
+	flag.StringVar(&c.machineNote, "note", "", "free text for the report header (e.g. how the run was pinned)")
+	flag.Parse()
+	if c.quick {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["duration"] {
+			c.duration = time.Second
+		}
+		if !set["warmup"] {
+			c.warmup = 300 * time.Millisecond
+		}
+		if !set["rounds"] {
+			c.rounds = 2
+		}
+	}
+	return c
+}
+
+func main() {
+	c := parseFlags()
+	code, err := run(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadbench:", err)
+		os.Exit(2)
+	}
+	os.Exit(code)
+}
+
+// run does the whole benchmark; the exit code is 1 when any response was
+// invalid.
+func run(c *config) (int, error) {
+	if c.caddyBin == "" {
+		return 0, fmt.Errorf("-caddy is required (run ./integration/loadbench/run.sh)")
+	}
+	if c.rounds < 1 || c.duration <= 0 {
+		return 0, fmt.Errorf("need -rounds >= 1 and -duration > 0")
+	}
+	scs, err := selectScenarios(c.scenarios)
+	if err != nil {
+		return 0, err
+	}
+	outDir, err := filepath.Abs(c.outDir)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return 0, err
+	}
+
+	p := newPayloads()
+	up, err := startUpstream(p, c.think, c.interval)
+	if err != nil {
+		return 0, err
+	}
+	defer up.close()
+
+	llm, err := startProxy(c.caddyBin, outDir, kindLLM, c.proxyCPU, llmHandler(up.url))
+	if err != nil {
+		return 0, err
+	}
+	defer llm.stop()
+	plain, err := startProxy(c.caddyBin, outDir, kindPlain, c.proxyCPU, plainHandler(up.addr, c.plainIdle))
+	if err != nil {
+		return 0, err
+	}
+	defer plain.stop()
+	targets := []*proxyProc{llm, plain}
+
+	env := runEnv{
+		start:     time.Now(),
+		cfg:       c,
+		goVersion: runtime.Version(),
+		selfCPUs:  cpusAllowed("self"),
+		llmCPUs:   cpusAllowed(llm.pid),
+		plainCPUs: cpusAllowed(plain.pid),
+		loadStart: loadAvg(),
+		reqBytes:  len(p.reqNonStream),
+		respBytes: len(p.completion),
+	}
+	fmt.Fprintf(os.Stderr, "loadbench: upstream %s, llm_route %s (pid %s, cpus %s), reverse_proxy %s (pid %s, cpus %s), generator cpus %s\n",
+		up.url, llm.url, llm.pid, env.llmCPUs, plain.url, plain.pid, env.plainCPUs, env.selfCPUs)
+
+	// Pre-flight: one valid response of every scenario from both, or stop.
+	for _, t := range targets {
+		for _, sc := range scs {
+			if err := probeOnce(p, t, up, sc); err != nil {
+				fmt.Fprintln(os.Stderr, "loadbench: pre-flight failed:", err)
+				return 1, nil
+			}
+		}
+	}
+
+	results := newResults(scs, c.rounds)
+	for r := 0; r < c.rounds; r++ {
+		for i, sc := range scs {
+			order := targets
+			if (r+i)%2 == 1 {
+				order = []*proxyProc{plain, llm}
+			}
+			for _, t := range order {
+				lr := newLoadRun(p, t, up, sc)
+				res, err := lr.run(c.warmup, c.duration)
+				if err != nil {
+					return 0, fmt.Errorf("%s %s: %v", t.kind, sc.name, err)
+				}
+				results.add(i, t.kind, r, res)
+				fmt.Fprintf(os.Stderr, "round %d/%d %-15s %-13s %s\n", r+1, c.rounds, sc.name, t.kind, res.oneLine())
+			}
+		}
+	}
+
+	profiles := map[string]string{}
+	if c.profile > 0 {
+		for _, t := range targets {
+			for _, name := range []string{"nonstream-64", "stream-64", "think-split-64"} {
+				sc, ok := findScenario(scs, name)
+				if !ok || (t.kind == kindPlain && sc.mode == modeThink) {
+					continue
+				}
+				path := filepath.Join(outDir, fmt.Sprintf("cpu-%s-%s.pprof", t.kind, name))
+				res, err := profileRun(p, t, up, sc, c.profile, path)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "loadbench: profile %s %s: %v\n", t.kind, name, err)
+					continue
+				}
+				results.profileErrors += res.errors
+				profiles[t.kind+" "+name] = path
+				fmt.Fprintf(os.Stderr, "profile %-15s %-13s %s -> %s\n", name, t.kind, res.oneLine(), path)
+			}
+			// Allocations since the process started: the whole run.
+			path := filepath.Join(outDir, fmt.Sprintf("allocs-%s.pprof", t.kind))
+			if err := fetchProfile(t.admin+"/debug/pprof/allocs", path, 30*time.Second); err != nil {
+				fmt.Fprintf(os.Stderr, "loadbench: allocs profile %s: %v\n", t.kind, err)
+				continue
+			}
+			profiles[t.kind+" allocations (whole run; -sample_index=alloc_space)"] = path
+		}
+	}
+
+	for _, t := range targets {
+		hwm, err := procStatusKB(t.pid, "VmHWM")
+		if err != nil {
+			return 0, err
+		}
+		results.peakRSSKB[t.kind] = hwm
+	}
+
+	env.loadEnd = loadAvg()
+	report := renderReport(env, results, profiles)
+	fmt.Print(report)
+	if err := os.WriteFile(filepath.Join(outDir, "report.md"), []byte(report), 0o644); err != nil {
+		return 0, err
+	}
+	if results.totalErrors() > 0 {
+		fmt.Fprintf(os.Stderr, "loadbench: %d invalid responses or request errors (see the errors column)\n", results.totalErrors())
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// selectScenarios filters the scenario list by name.
+func selectScenarios(list string) ([]scenario, error) {
+	if list == "" || list == "all" {
+		return scenarios, nil
+	}
+	var out []scenario
+	for _, name := range strings.Split(list, ",") {
+		sc, ok := findScenario(scenarios, strings.TrimSpace(name))
+		if !ok {
+			var names []string
+			for _, s := range scenarios {
+				names = append(names, s.name)
+			}
+			return nil, fmt.Errorf("unknown scenario %q (have %s)", name, strings.Join(names, ", "))
+		}
+		out = append(out, sc)
+	}
+	return out, nil
+}
+
+func findScenario(scs []scenario, name string) (scenario, bool) {
+	for _, s := range scs {
+		if s.name == name {
+			return s, true
+		}
+	}
+	return scenario{}, false
+}
+
+// profileRun drives target with sc while fetching a CPU profile of d from
+// its admin endpoint into path. Its numbers are not part of the results
+// (profiling costs CPU), but its errors are.
+func profileRun(p *payloads, t *proxyProc, up *fakeUpstream, sc scenario, d time.Duration, path string) (runResult, error) {
+	const warm = 500 * time.Millisecond
+	errc := make(chan error, 1)
+	go func() {
+		time.Sleep(warm)
+		secs := max(int(d.Round(time.Second)/time.Second), 1)
+		errc <- fetchProfile(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", t.admin, secs), path, d+30*time.Second)
+	}()
+	lr := newLoadRun(p, t, up, sc)
+	res, err := lr.run(warm, d+time.Second)
+	if perr := <-errc; err == nil {
+		err = perr
+	}
+	return res, err
+}
+
+// fetchProfile saves the pprof profile at url into path.
+func fetchProfile(url, path string, timeout time.Duration) error {
+	c := &http.Client{Timeout: timeout}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("pprof: status %d", resp.StatusCode)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, resp.Body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,56 @@
+package llmroute
+
+import (
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	"go.uber.org/zap"
+)
+
+// benchRoute builds a one-upstream route outside Caddy for white-box
+// benchmarks of admission.
+func benchRoute(b *testing.B, name string, limit int64, queue int) (*Handler, *route, *upstreamState) {
+	b.Helper()
+	st := &upstreamState{id: name}
+	st.limit.Store(limit)
+	u := &upstream{id: name, provider: "p", limit: limit, state: st}
+	rt := &route{name: name, targets: []target{{up: u}}, queueSize: queue}
+	h := &Handler{logger: zap.NewNop(), metrics: getMetrics()}
+	return h, rt, st
+}
+
+// BenchmarkAdmitRelease measures a claim plus release through the admission
+// path: uncontended with free slots, and under contention where most
+// requests wait in the queue for one of a few slots.
+func BenchmarkAdmitRelease(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		limit int64
+		queue int
+	}{
+		{"free-slots", unlimited, 0},
+		{"limit-2-queue", 2, 1 << 20},
+		{"limit-1-queue", 1, 1 << 20},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			h, rt, st := benchRoute(b, "bench-"+tc.name, tc.limit, tc.queue)
+			req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+			b.ReportAllocs()
+			b.SetParallelism(8) // more goroutines than slots: waiters present
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					idx, err := h.admit(req, rt)
+					if err != nil {
+						b.Error("admission failed: " + err.message + " " + strconv.Itoa(idx))
+						return
+					}
+					st.release()
+				}
+			})
+			if n := st.inflight.Load(); n != 0 {
+				b.Fatalf("inflight %d after the run", n)
+			}
+		})
+	}
+}
