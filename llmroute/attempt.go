@@ -92,16 +92,15 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 // exchange does the HTTP work of an attempt.
 func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
 	u := t.up
-	outBuf := getBytes()
-	out, err := transform.RewriteRequest((*outBuf)[:0], body, &t.edit)
+	// The outgoing body is not pooled: the transport may still be writing it
+	// after RoundTrip returns. Wrapped as NopCloser(*bytes.Reader), net/http
+	// knows it is in memory and sends headers and body in one write.
+	out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &t.edit)
 	if err != nil {
-		putBytes(outBuf)
 		errBadJSON.write(w)
 		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}
 	}
-	*outBuf = out[:0]
-	reqBody := &pooledBody{buf: outBuf, r: bytes.NewReader(out)}
-	defer reqBody.recycle()
+	reqBody := io.NopCloser(bytes.NewReader(out))
 
 	ctx, cancel := h.attemptContext(r.Context())
 	defer cancel()
@@ -349,8 +348,6 @@ func readSome(r io.Reader, buf []byte) (int, error) {
 	return 0, io.ErrNoProgress
 }
 
-// credentialHeaders never travel from the client to an upstream.
-var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key"}
 
 // hopHeaders are hop-by-hop headers (RFC 9110 §7.6.1) and framing headers
 // that the transport sets itself.
@@ -361,17 +358,17 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // credentials and hop-by-hop ones, the provider's key and static headers,
 // and the session header.
 func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, out []byte, body io.ReadCloser) *http.Request {
-	hdr := r.Header.Clone()
-	for _, name := range hdr.Values("Connection") {
-		for _, f := range splitComma(name) {
-			hdr.Del(f)
+	hdr := make(http.Header, len(r.Header)+4)
+	for k, vv := range r.Header {
+		if !forwardable(k) {
+			continue
 		}
+		hdr[k] = vv // read-only from here on: sharing the slices is safe
 	}
-	for _, k := range credentialHeaders {
-		delete(hdr, k)
-	}
-	for _, k := range hopHeaders {
-		delete(hdr, k)
+	for _, name := range r.Header["Connection"] {
+		for _, f := range splitComma(name) {
+			delete(hdr, http.CanonicalHeaderKey(f))
+		}
 	}
 	if u.think != transform.ThinkOff {
 		// The response is rewritten, so it must come uncompressed.
@@ -387,7 +384,7 @@ func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstr
 	if u.sessionHdr != "" {
 		hdr.Set(u.sessionHdr, sessions.ID(out))
 	}
-	req := &http.Request{
+	req := http.Request{
 		Method:        http.MethodPost,
 		URL:           u.target,
 		Proto:         "HTTP/1.1",
@@ -398,7 +395,19 @@ func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstr
 		ContentLength: int64(len(out)),
 		Host:          u.target.Host,
 	}
-	return req.WithContext(ctx)
+	return req.WithContext(ctx) // one allocation: req itself stays on the stack
+}
+
+// forwardable reports whether a client request header may go upstream:
+// not a credential, not hop-by-hop.
+func forwardable(k string) bool {
+	switch k {
+	case "Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
+		"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Te", "Trailer",
+		"Transfer-Encoding", "Upgrade", "Content-Length", "Host", "Expect":
+		return false
+	}
+	return true
 }
 
 func splitComma(s string) []string {
@@ -453,46 +462,6 @@ func redactError(err error) string {
 		return ue.Op + " " + redactURL(ue.URL) + ": " + ue.Err.Error()
 	}
 	return err.Error()
-}
-
-// pooledBody is the outgoing request body. The transport may read and close
-// it after RoundTrip returned, so its buffer goes back to the pool only once
-// it is closed and the attempt is over.
-type pooledBody struct {
-	buf    *[]byte
-	r      *bytes.Reader
-	mu     sync.Mutex
-	closed bool
-	done   bool
-}
-
-func (b *pooledBody) Read(p []byte) (int, error) { return b.r.Read(p) }
-
-func (b *pooledBody) Close() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.closed = true
-	if b.done {
-		b.put()
-	}
-	return nil
-}
-
-// recycle is called when the attempt ends.
-func (b *pooledBody) recycle() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.done = true
-	if b.closed {
-		b.put()
-	}
-}
-
-func (b *pooledBody) put() {
-	if b.buf != nil {
-		putBytes(b.buf)
-		b.buf = nil
-	}
 }
 
 // bytesPool recycles outgoing request bodies.

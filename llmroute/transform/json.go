@@ -113,6 +113,15 @@ func scanStringStrict(b []byte, i int) (int, bool, bool) {
 
 func scanStringFast(b []byte, i int) (int, bool, bool) {
 	i++
+	// Most keys and values are short: scanning them inline beats the call
+	// overhead of memchr. Long strings (message contents) go to IndexByte.
+	for lim := min(i+32, len(b)); i < lim; i++ {
+		if c := b[i]; c == '"' {
+			return i + 1, false, true
+		} else if c == '\\' {
+			break
+		}
+	}
 	esc := false
 	for {
 		q := bytes.IndexByte(b[i:], '"')
@@ -441,9 +450,6 @@ func keyIs(b []byte, m *member, want string) bool {
 	var tmp [64]byte
 	return string(appendUnescape(tmp[:0], raw)) == want
 }
-
-// isString reports whether the raw value b[vs:ve] is a JSON string.
-func isString(b []byte, vs, ve int) bool { return ve > vs && b[vs] == '"' }
 
 // strIs reports whether the raw JSON string value v decodes to want.
 func strIs(v []byte, esc bool, want string) bool {

@@ -27,7 +27,7 @@ type Patch struct {
 // patchOp is the operation on one key.
 type patchOp struct {
 	key    string // decoded key, compared against decoded body keys
-	rawKey []byte // the key as a JSON string literal, used when appending
+	rawKey []byte // the key as written in the patch (quoted), used when appending
 	set    []byte // Set: compact raw JSON value; nil for Merge
 	sub    *Patch // Merge: operations on the child object
 	mat    []byte // Merge: the value written when the body value is missing or not an object
@@ -68,7 +68,10 @@ func compileObject(b []byte, start int) (*Patch, error) {
 	var m member
 	for it.next(&m) {
 		key := string(appendUnescape(nil, b[m.ks:m.ke]))
-		op := patchOp{key: key, rawKey: appendQuotedString(nil, key)}
+		// Keep the key as the patch wrote it: re-encoding could change it
+		// (invalid UTF-8 becomes U+FFFD) so that a later patch no longer
+		// matches the key an earlier one appended.
+		op := patchOp{key: key, rawKey: bytes.Clone(b[m.ks-1 : m.ke+1])}
 		if b[m.vs] == '{' {
 			sub, err := compileObject(b, m.vs)
 			if err != nil {

@@ -29,25 +29,40 @@ func backfillMessages(dst, msgs []byte, e *RequestEdit) []byte {
 	// The field name as a JSON key, usually on the stack.
 	var kbuf [64]byte
 	fieldKey := appendQuotedString(kbuf[:0], e.ReasoningField)
-	it := iterArray(msgs, 0, false)
+	// Walk the elements by hand so each message object is scanned once: the
+	// object walk in backfillOne also finds its end.
 	cur := 0
-	for {
-		vs, _, more := it.next()
-		if !more {
+	i := skipWS(msgs, 1)
+	if i < len(msgs) && msgs[i] == ']' {
+		return append(dst, msgs...)
+	}
+	for i < len(msgs) {
+		var end int
+		if msgs[i] == '{' {
+			dst, cur, end = backfillOne(dst, msgs, i, cur, e, fieldKey)
+		} else {
+			var ok bool
+			if end, ok = skipValue(msgs, i, false, 1); !ok {
+				end = 0
+			}
+		}
+		if end <= 0 {
+			break // malformed: copy the rest as is
+		}
+		i = skipWS(msgs, end)
+		if i >= len(msgs) || msgs[i] != ',' {
 			break
 		}
-		if msgs[vs] != '{' {
-			continue
-		}
-		dst, cur = backfillOne(dst, msgs, vs, cur, e, fieldKey)
+		i = skipWS(msgs, i+1)
 	}
 	return append(dst, msgs[cur:]...)
 }
 
 // backfillOne handles the message object at msgs[vs]. It appends msgs[cur:...]
-// up to and including any change and returns the new copy cursor; when the
-// message needs nothing it appends nothing and returns cur unchanged.
-func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte) ([]byte, int) {
+// up to and including any change and returns the new copy cursor (cur itself
+// when the message needs nothing) and the index past the object (0 when it is
+// malformed).
+func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte) ([]byte, int, int) {
 	it := iterObject(msgs, vs, false)
 	var m member
 	var role, field, reasoning, details member
@@ -72,37 +87,33 @@ func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte)
 			field = m
 		}
 	}
-	if !it.ok || role.vs < 0 {
-		return dst, cur
+	if !it.ok {
+		return dst, cur, 0
+	}
+	end := it.i
+	if role.vs < 0 {
+		return dst, cur, end
 	}
 	if rv := msgs[role.vs:role.ve]; !strIs(rv, true, "assistant") {
-		return dst, cur
+		return dst, cur, end
 	}
 	// Present and non-empty: nothing to do. `""` is the only empty string.
 	if field.vs >= 0 && msgs[field.vs] == '"' && field.ve-field.vs > 2 {
-		return dst, cur
+		return dst, cur, end
 	}
 	// Where the text comes from: "reasoning" or the joined details.
 	useReasoning := reasoning.vs >= 0 && reasoning.vs != field.vs &&
 		msgs[reasoning.vs] == '"' && reasoning.ve-reasoning.vs > 2
-	hasText := useReasoning
+	var detailsRaw []byte
 	if !useReasoning && details.vs >= 0 && details.vs != field.vs {
-		n, size := countDetails(msgs[details.vs:details.ve])
-		hasText = n >= 2 || size > 0
+		detailsRaw = msgs[details.vs:details.ve]
 	}
-	if !hasText && !e.ReasoningEmptyOK {
-		return dst, cur
+	if !useReasoning && detailsRaw == nil && !e.ReasoningEmptyOK {
+		return dst, cur, end
 	}
-	if !hasText && field.vs >= 0 && msgs[field.vs] == '"' {
-		return dst, cur // already ""
-	}
-	var value []byte // raw source: the reasoning string or the details array
-	switch {
-	case useReasoning:
-		value = msgs[reasoning.vs:reasoning.ve]
-	case hasText:
-		value = msgs[details.vs:details.ve]
-	}
+	// Write optimistically and roll back if the details join turns out empty:
+	// one walk over reasoning_details instead of a counting pass first.
+	mark := len(dst)
 	next := lastEnd
 	if field.vs >= 0 {
 		dst = append(dst, msgs[cur:field.vs]...)
@@ -115,27 +126,20 @@ func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte)
 		dst = append(dst, fieldKey...)
 		dst = append(dst, ':')
 	}
-	switch {
-	case useReasoning:
-		dst = append(dst, value...)
-	case hasText:
-		dst = append(dst, '"')
-		dst = appendDetails(dst, value)
-		dst = append(dst, '"')
-	default:
-		dst = append(dst, `""`...)
+	if useReasoning {
+		return append(dst, msgs[reasoning.vs:reasoning.ve]...), next, end
 	}
-	return dst, next
-}
-
-// countDetails returns how many reasoning_details texts are selected and their
-// total raw length, to tell "no text" apart without writing anything.
-func countDetails(arr []byte) (n, size int) {
-	walkDetails(arr, func(interior []byte) {
-		n++
-		size += len(interior)
-	})
-	return n, size
+	dst = append(dst, '"')
+	v0 := len(dst)
+	if detailsRaw != nil {
+		dst = appendDetails(dst, detailsRaw)
+	}
+	if len(dst) == v0 { // no text ("\n" joins are never empty)
+		if !e.ReasoningEmptyOK || (field.vs >= 0 && msgs[field.vs] == '"') {
+			return dst[:mark], cur, end // nothing, or already ""
+		}
+	}
+	return append(dst, '"'), next, end
 }
 
 // appendDetails appends the selected texts' raw string interiors joined by an

@@ -164,11 +164,17 @@ func parseSSE(b []byte) []sseEvent {
 type streamText struct {
 	content, reasoning map[int]string
 	done               int
+	// Whole "message" choices inside the stream (MiniMax's closing frame).
+	msgContent, msgReasoning map[int]string
 }
 
 func collectStream(t testing.TB, out []byte) streamText {
 	t.Helper()
-	st := streamText{content: map[int]string{}, reasoning: map[int]string{}}
+	st := streamText{content: map[int]string{}, reasoning: map[int]string{}, msgContent: map[int]string{}, msgReasoning: map[int]string{}}
+	type text struct {
+		Content          *string `json:"content"`
+		ReasoningContent *string `json:"reasoning_content"`
+	}
 	for _, ev := range parseSSE(out) {
 		if !ev.hasData {
 			continue
@@ -179,11 +185,9 @@ func collectStream(t testing.TB, out []byte) streamText {
 		}
 		var chunk struct {
 			Choices []struct {
-				Index int `json:"index"`
-				Delta struct {
-					Content          *string `json:"content"`
-					ReasoningContent *string `json:"reasoning_content"`
-				} `json:"delta"`
+				Index   int   `json:"index"`
+				Delta   text  `json:"delta"`
+				Message *text `json:"message"`
 			} `json:"choices"`
 		}
 		if err := json.Unmarshal([]byte(ev.data), &chunk); err != nil {
@@ -196,9 +200,36 @@ func collectStream(t testing.TB, out []byte) streamText {
 			if c.Delta.ReasoningContent != nil {
 				st.reasoning[c.Index] += *c.Delta.ReasoningContent
 			}
+			if c.Message != nil && c.Message.Content != nil {
+				st.msgContent[c.Index] = *c.Message.Content
+				if c.Message.ReasoningContent != nil {
+					st.msgReasoning[c.Index] = *c.Message.ReasoningContent
+				}
+			}
 		}
 	}
 	return st
+}
+
+// pipe feeds input to a rewriter in the given piece sizes (cycled) and
+// returns everything emitted; the cheap variant for fuzzing.
+func pipe(t testing.TB, mode ThinkMode, input []byte, sizes []int) []byte {
+	out := make([]byte, 0, len(input)+len(input)/4)
+	s := NewStreamRewriter(mode, func(ev []byte) error { out = append(out, ev...); return nil })
+	for k := 0; len(input) > 0; k++ {
+		n := len(input)
+		if len(sizes) > 0 {
+			n = min(max(sizes[k%len(sizes)], 1), len(input))
+		}
+		if _, err := s.Write(input[:n]); err != nil {
+			t.Fatal(err)
+		}
+		input = input[n:]
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // runStream feeds input to a rewriter in the given piece sizes (cycled) and

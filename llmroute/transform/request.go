@@ -1,6 +1,7 @@
 package transform
 
 import (
+	"bytes"
 	"errors"
 )
 
@@ -39,7 +40,12 @@ func ParseRequest(body []byte) (model string, stream bool, err error) {
 	if ms < 0 || body[ms] != '"' {
 		return "", stream, ErrNoModel
 	}
-	return string(appendUnescape(nil, body[ms+1:me-1])), stream, nil
+	raw := body[ms+1 : me-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw), stream, nil
+	}
+	var tmp [128]byte
+	return string(appendUnescape(tmp[:0], raw)), stream, nil
 }
 
 // RequestEdit is everything done to an outgoing request body, precomputed per

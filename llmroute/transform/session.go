@@ -28,8 +28,8 @@ type prefixKey [16]byte
 //
 // Each message, from the first "user" message on (earlier ones, typically a
 // system prompt shared by every conversation of a client, are ignored), is
-// reduced to a canonical form and chained: P1 = H(seed ‖ H(m1)),
-// Pk = H(Pk-1 ‖ H(mk)) with SHA-256. A request is in the same session as an
+// reduced to a canonical form and chained: P0 = a fixed seed,
+// Pk = SHA-256(Pk-1 ‖ canon(mk)). A request is in the same session as an
 // earlier one when one of its prefix hashes was recorded for that session; the
 // longest known prefix wins. Otherwise a new session starts, named by the hash
 // of the whole history (32 hex digits). Every prefix of a request is recorded
@@ -113,7 +113,13 @@ var hashPool = sync.Pool{New: func() any { return new(hashState) }}
 // records the body's history under it.
 func (s *Sessions) ID(body []byte) string {
 	hs := hashPool.Get().(*hashState)
-	defer hashPool.Put(hs)
+	defer func() {
+		// Don't let one huge history pin its buffers in the pool.
+		if cap(hs.canon) > 64<<10 || cap(hs.text) > 64<<10 || cap(hs.prefixes) > 4096 {
+			return
+		}
+		hashPool.Put(hs)
+	}()
 	hs.prefixes = historyPrefixes(body, hs)
 	prefixes := hs.prefixes
 	if len(prefixes) == 0 {
@@ -248,20 +254,18 @@ func historyPrefixes(body []byte, hs *hashState) []prefixKey {
 	if start < 0 {
 		return out
 	}
+	// One SHA-256 per message over the previous link and the message's
+	// canonical form: Pk = H(Pk-1 ‖ canon(mk)), P0 = the seed.
 	chain := sessionSeed
-	var link [2 * sha256.Size]byte
-	ai = arrIter{b: body, i: start, first: true, ok: true}
-	ai.i = start // iterate from the start element, as if it were the first
+	ai = arrIter{b: body, i: start, first: true, ok: true} // resume at start
 	for {
 		vs, ve, more := ai.nextFrom()
 		if !more {
 			break
 		}
-		hs.canon = canonMessage(hs.canon[:0], body[vs:ve], hs)
-		d := sha256.Sum256(hs.canon)
-		copy(link[:sha256.Size], chain[:])
-		copy(link[sha256.Size:], d[:])
-		chain = sha256.Sum256(link[:])
+		hs.canon = append(hs.canon[:0], chain[:]...)
+		hs.canon = canonMessage(hs.canon, body[vs:ve], hs)
+		chain = sha256.Sum256(hs.canon)
 		var k prefixKey
 		copy(k[:], chain[:])
 		out = append(out, k)

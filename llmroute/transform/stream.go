@@ -33,12 +33,17 @@ type choiceState struct {
 //
 // The handler feeds upstream bytes in arbitrary chunks to Write. Every complete
 // SSE event (ended by a blank line; LF, CRLF and CR line ends) is transformed
-// and handed to emit exactly once, as soon as it is complete; emit's slice is
-// only valid during the call. Events are framed, never re-chunked or merged.
+// and handed to emit exactly once, before the Write that completed it returns;
+// emit's slice is only valid during the call. Unchanged events completed by
+// the same Write are handed over together in one call (see Write); emit never
+// gets a partial event, except for an oversized one (see MaxEventSize).
 //
 // Per choices[].index, delta.content is run through an incremental think-tag
-// splitter (see splitter for the exact semantics). Think text goes to
-// delta.reasoning_content in split mode (after any reasoning_content the delta
+// splitter (see splitter for the exact semantics). A choice that carries a
+// whole "message" instead of a "delta" (MiniMax closes streams with such a
+// chat.completion frame repeating the full text) is split on its own, as
+// RewriteCompletion would, without touching the running state. Think text goes
+// to delta.reasoning_content in split mode (after any reasoning_content the delta
 // already has; added as the delta's last member otherwise) or is dropped in
 // strip mode. Only those two values change: every other byte of the chunk
 // survives, and a chunk that needs no change is emitted byte for byte, from the
@@ -72,6 +77,8 @@ type StreamRewriter struct {
 	sc       sseScanner
 	buf      []byte // the incomplete event carried between Writes
 	skipping bool   // inside an oversized event: forwarding raw
+	inP      bool   // the event being handled is a slice of Write's p
+	run      []byte // unchanged bytes of p not yet emitted
 
 	choices []choiceState
 	meta    []byte // `"id":…,"object":…,"created":…,"model":…,` of the last chunk
@@ -98,10 +105,11 @@ func NewStreamRewriter(mode ThinkMode, emit func(event []byte) error) *StreamRew
 }
 
 // Reset discards all state and readies s for a new stream, keeping its
-// buffers (unless one grew past MaxEventSize) for reuse through a sync.Pool.
+// buffers (except any that grew past 64 KiB, so pooled rewriters stay small)
+// for reuse through a sync.Pool.
 func (s *StreamRewriter) Reset(mode ThinkMode, emit func([]byte) error) {
 	s.mode, s.emit, s.max = mode, emit, MaxEventSize
-	s.err, s.done, s.skipping = nil, false, false
+	s.err, s.done, s.skipping, s.inP, s.run = nil, false, false, false, nil
 	s.sc.reset()
 	s.buf = trim(s.buf)
 	s.choices = s.choices[:0]
@@ -121,8 +129,15 @@ func trim(b []byte) []byte {
 	return b[:0]
 }
 
-// Write consumes upstream bytes. It always consumes all of p unless emit
-// fails; the first emit error is returned, and then by every later call.
+// Write consumes upstream bytes; it always consumes all of p. The first
+// error returned by emit stops the rewriter: Write returns 0 and that error,
+// and so does every later call.
+//
+// Consecutive events that need no change and arrived in the same p are handed
+// to emit together, as one slice of p, at the end of the call (they all became
+// complete at the same moment, so nothing is delayed): one write and flush
+// instead of one per event. emit never sees part of an event, except for an
+// oversized one, which is forwarded in pieces as it arrives.
 func (s *StreamRewriter) Write(p []byte) (int, error) {
 	if s.err != nil {
 		return 0, s.err
@@ -131,37 +146,42 @@ func (s *StreamRewriter) Write(p []byte) (int, error) {
 		return 0, errClosed
 	}
 	total := len(p)
-	for len(p) > 0 {
+	s.inP = true
+	for len(p) > 0 && s.err == nil {
 		end, complete := s.sc.scan(p)
 		switch {
 		case s.skipping:
-			s.raw(p[:end])
+			s.pass(p[:end])
 			s.skipping = !complete
 		case !complete:
 			if len(s.buf)+len(p) > s.max {
 				// Oversized: forward what we have and the rest as it comes.
 				s.raw(s.buf)
-				s.raw(p)
+				s.pass(p)
 				s.buf = s.buf[:0]
 				s.skipping = true
 			} else {
 				s.buf = append(s.buf, p...)
 			}
 		case len(s.buf) == 0:
-			s.event(p[:end])
+			s.event(p[:end]) // zero copy
 		case len(s.buf)+end > s.max:
 			s.raw(s.buf)
-			s.raw(p[:end])
+			s.pass(p[:end])
 			s.buf = s.buf[:0]
 		default:
 			s.buf = append(s.buf, p[:end]...)
+			s.inP = false
 			s.event(s.buf)
+			s.inP = true
 			s.buf = s.buf[:0]
 		}
-		if s.err != nil {
-			return total - len(p), s.err
-		}
 		p = p[end:]
+	}
+	s.inP = false
+	s.flushRun()
+	if s.err != nil {
+		return 0, s.err
 	}
 	return total, nil
 }
@@ -195,22 +215,52 @@ func (s *StreamRewriter) Close() error {
 			s.raw(s.out)
 			s.sc.reset()
 		}
-		s.flushHeld()
+		s.flushHeld(nil)
 	}
 	return s.err
 }
 
-// raw forwards bytes unchanged.
+// raw emits b now (after any pending run, to keep the order).
 func (s *StreamRewriter) raw(b []byte) {
+	s.flushRun()
 	if s.err == nil && len(b) > 0 {
 		s.err = s.emit(b)
+	}
+}
+
+// pass forwards b unchanged. When b is part of the p of the current Write it
+// joins the pending run if it directly follows it in memory (the usual case:
+// the previous unchanged event), so a run of unchanged events costs one emit.
+func (s *StreamRewriter) pass(b []byte) {
+	if !s.inP {
+		s.raw(b)
+		return
+	}
+	if len(b) == 0 || s.err != nil {
+		return
+	}
+	if n := len(s.run); n > 0 && cap(s.run)-n >= len(b) && &s.run[:n+1][n] == &b[0] {
+		s.run = s.run[:n+len(b)]
+		return
+	}
+	s.flushRun()
+	s.run = b
+}
+
+// flushRun emits the pending run of unchanged bytes.
+func (s *StreamRewriter) flushRun() {
+	if len(s.run) > 0 {
+		if s.err == nil {
+			s.err = s.emit(s.run)
+		}
+		s.run = nil
 	}
 }
 
 // event processes one complete event (or a trailing partial one at Close).
 func (s *StreamRewriter) event(ev []byte) {
 	if len(ev) > s.max {
-		s.raw(ev)
+		s.pass(ev)
 		return
 	}
 	// Find the data lines.
@@ -237,12 +287,21 @@ func (s *StreamRewriter) event(ev []byte) {
 		i = next
 	}
 	if nData == 0 || s.mode == ThinkOff {
-		s.raw(ev)
+		s.pass(ev)
 		return
 	}
 	if isDone(payload) {
-		s.flushHeld()
-		s.raw(ev)
+		// Held text goes out right before [DONE]; blank-line bytes leading
+		// the event (say the LF of a CRLF split across writes) stay in front
+		// of it so the output doesn't depend on how the input was chunked.
+		lead := 0
+		for lead < len(ev) && (ev[lead] == '\n' || ev[lead] == '\r') {
+			lead++
+		}
+		if s.flushHeld(ev[:lead]) {
+			ev = ev[lead:]
+		}
+		s.pass(ev)
 		s.choices = s.choices[:0]
 		return
 	}
@@ -250,7 +309,7 @@ func (s *StreamRewriter) event(ev []byte) {
 		s.raw(s.rebuild(ev, firstData, newPayload, nData > 1))
 		return
 	}
-	s.raw(ev)
+	s.pass(ev)
 }
 
 // termOf returns the terminator of the line ending at le.
@@ -275,8 +334,14 @@ func (s *StreamRewriter) rewriteChunk(payload []byte) ([]byte, bool) {
 	if i := skipWS(payload, 0); i >= len(payload) || payload[i] != '{' {
 		return nil, false
 	}
+	// Fast path for the common chunk: no splitter is mid-tag or inside a
+	// block, and nothing in the payload can decode to '<'. Then no content
+	// can change, so skip parsing altogether.
+	if s.clean() && !mayHaveLT(payload) {
+		return nil, false
+	}
 	var meta chunkMeta
-	spans, ok := collectChoices(payload, "delta", s.spans[:0], &meta)
+	spans, ok := collectChoices(payload, true, s.spans[:0], &meta)
 	s.spans = spans
 	if !ok {
 		return nil, false
@@ -288,12 +353,18 @@ func (s *StreamRewriter) rewriteChunk(payload []byte) ([]byte, bool) {
 	changed := false
 	for i := range spans {
 		sp := &spans[i]
-		if sp.index < 0 {
-			continue
-		}
-		st := s.state(sp.index)
-		if st == nil {
-			continue
+		// A whole message (see collectChoices) is split on its own, with a
+		// fresh splitter flushed at its end; deltas go through the choice's
+		// running splitter.
+		var whole splitter
+		st := &whole
+		if !sp.whole {
+			if sp.index < 0 {
+				continue
+			}
+			if st = s.state(sp.index); st == nil {
+				continue
+			}
 		}
 		text := payload[sp.cs+1 : sp.ce-1]
 		if sp.cesc {
@@ -307,6 +378,9 @@ func (s *StreamRewriter) rewriteChunk(payload []byte) ([]byte, bool) {
 		}
 		sp.c0, sp.r0 = len(s.cbuf), len(s.rbuf)
 		s.cbuf, s.rbuf, s.held = st.feed(text, s.cbuf, s.rbuf, s.held)
+		if sp.whole {
+			s.cbuf, s.rbuf = st.flush(s.cbuf, s.rbuf)
+		}
 		if s.mode == ThinkStrip {
 			s.rbuf = s.rbuf[:sp.r0]
 		}
@@ -320,6 +394,35 @@ func (s *StreamRewriter) rewriteChunk(payload []byte) ([]byte, bool) {
 	}
 	s.pay = applyChoices(s.pay[:0], payload, spans, s.cbuf, s.rbuf)
 	return s.pay, true
+}
+
+// clean reports whether every splitter is outside a block with nothing held.
+func (s *StreamRewriter) clean() bool {
+	for i := range s.choices {
+		if sp := &s.choices[i].sp; sp.inThink || sp.nheld > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// mayHaveLT reports whether JSON text b may contain a string that decodes to
+// '<': a raw '<' or a \u003c escape (either case). False positives (an escaped
+// backslash before "u003c") only cost a full parse.
+func mayHaveLT(b []byte) bool {
+	if bytes.IndexByte(b, '<') >= 0 {
+		return true
+	}
+	for {
+		i := bytes.Index(b, []byte(`\u003`))
+		if i < 0 || i+5 >= len(b) {
+			return false
+		}
+		if c := b[i+5]; c == 'c' || c == 'C' {
+			return true
+		}
+		b = b[i+5:]
+	}
 }
 
 // state returns the splitter for a choice index, creating it; nil when the
@@ -396,13 +499,15 @@ func (s *StreamRewriter) pending() bool {
 	return false
 }
 
-// flushHeld emits the held text of every choice in one synthetic chunk and
-// resets the splitters' held tails.
-func (s *StreamRewriter) flushHeld() {
+// flushHeld emits lead followed by the held text of every choice in one
+// synthetic chunk, and resets the splitters' held tails. It reports whether it
+// emitted anything (lead included).
+func (s *StreamRewriter) flushHeld(lead []byte) bool {
 	if !s.pending() {
-		return
+		return false
 	}
-	out := append(s.out[:0], "data: {"...)
+	out := append(s.out[:0], lead...)
+	out = append(out, "data: {"...)
 	out = append(out, s.meta...)
 	if len(s.meta) == 0 {
 		out = append(out, `"object":"chat.completion.chunk",`...)
@@ -438,9 +543,14 @@ func (s *StreamRewriter) flushHeld() {
 	out = append(out, s.term...)
 	out = append(out, s.term...)
 	s.out = out
-	if n > 0 {
-		s.raw(out)
+	if n == 0 {
+		if len(lead) == 0 {
+			return false
+		}
+		out = append(out[:0], lead...)
 	}
+	s.raw(out)
+	return true
 }
 
 func appendInt(b []byte, n int) []byte {

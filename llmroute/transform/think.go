@@ -139,24 +139,27 @@ func (s *splitter) out(text, c, r []byte) ([]byte, []byte) {
 // choiceSpan is where one choice's content (and reasoning) sit in a
 // chat.completion(.chunk) payload.
 type choiceSpan struct {
-	index      int  // choices[].index; -1 when unusable
-	cs, ce     int  // content value span (a JSON string)
-	cesc       bool // content has escapes
-	rs, re     int  // reasoning_content value span; rs < 0 when absent
-	insert     int  // where a new member goes: after the parent's last value
-	c0, c1     int  // new content text, in the content buffer
-	r0, r1     int  // think text, in the reasoning buffer
-	changed    bool // this choice needs rewriting
-	addReason  bool // split mode produced think text for this choice
-	hasMembers bool // parent object has members (so a new one needs a comma)
+	index     int  // choices[].index; -1 when unusable
+	cs, ce    int  // content value span (a JSON string)
+	cesc      bool // content has escapes
+	rs, re    int  // reasoning_content value span; rs < 0 when absent
+	insert    int  // where a new member goes: after the parent's last value
+	c0, c1    int  // new content text, in the content buffer
+	r0, r1    int  // think text, in the reasoning buffer
+	changed   bool // this choice needs rewriting
+	addReason bool // split mode produced think text for this choice
+	whole     bool // a complete message inside a stream, split on its own
 }
 
 // collectChoices parses the payload (strictly: it must be a valid JSON
-// object), and appends a choiceSpan for every choice whose inner object
-// ("delta" or "message") has a string "content". meta receives the raw spans
-// of id/created/model. It reports false when the payload isn't a valid object
-// or carries a top-level "error" key; in both cases it must pass through.
-func collectChoices(b []byte, inner string, spans []choiceSpan, meta *chunkMeta) ([]choiceSpan, bool) {
+// object), and appends a choiceSpan for every choice whose "delta" object
+// (stream) or "message" object has a string "content". In a stream, a choice
+// with a "message" and no "delta" is a whole message (MiniMax ends its streams
+// with such a chat.completion frame repeating the full text) and is marked
+// whole. meta receives the raw spans of id/created/model. It reports false
+// when the payload isn't a valid object or carries a top-level "error" key; in
+// both cases it must pass through.
+func collectChoices(b []byte, stream bool, spans []choiceSpan, meta *chunkMeta) ([]choiceSpan, bool) {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return spans, false
@@ -198,24 +201,30 @@ func collectChoices(b []byte, inner string, spans []choiceSpan, meta *chunkMeta)
 			continue
 		}
 		oi := iterObject(b, vs, false)
-		index, inObj := member{vs: -1}, member{vs: -1}
+		index, delta, msg := member{vs: -1}, member{vs: -1}, member{vs: -1}
 		for oi.next(&m) {
-			if keyIs(b, &m, "index") {
+			switch {
+			case keyIs(b, &m, "index"):
 				index = m
-			} else if keyIs(b, &m, inner) {
-				inObj = m
+			case keyIs(b, &m, "message"):
+				msg = m
+			case stream && keyIs(b, &m, "delta"):
+				delta = m
 			}
+		}
+		inObj, whole := delta, false
+		if inObj.vs < 0 || b[inObj.vs] != '{' {
+			inObj, whole = msg, stream
 		}
 		if inObj.vs < 0 || b[inObj.vs] != '{' {
 			continue
 		}
-		cs := choiceSpan{index: pos, cs: -1, rs: -1, insert: inObj.vs + 1}
+		cs := choiceSpan{index: pos, cs: -1, rs: -1, insert: inObj.vs + 1, whole: whole}
 		if index.vs >= 0 {
 			cs.index = smallInt(b[index.vs:index.ve])
 		}
 		di := iterObject(b, inObj.vs, false)
 		for di.next(&m) {
-			cs.hasMembers = true
 			cs.insert = m.ve
 			if keyIs(b, &m, "content") {
 				cs.cs, cs.ce, cs.cesc = m.vs, m.ve, false
@@ -320,7 +329,7 @@ func RewriteCompletion(dst, body []byte, mode ThinkMode) (out []byte, changed bo
 		return body, false // fast path: no tag can be present, escaped or not
 	}
 	var spanBuf [4]choiceSpan
-	spans, ok := collectChoices(body, "message", spanBuf[:0], nil)
+	spans, ok := collectChoices(body, false, spanBuf[:0], nil)
 	if !ok || len(spans) == 0 {
 		return body, false
 	}
