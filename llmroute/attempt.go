@@ -42,6 +42,9 @@ const (
 	resultCancelled = "cancelled"
 )
 
+// allResults lists every result label.
+var allResults = []string{resultOK, result4xx, result429, result402, result5xx, resultNetErr, resultTimeout, resultCancelled}
+
 // attemptResult is what one attempt reports to the failover loop.
 type attemptResult struct {
 	out    outcome
@@ -73,13 +76,13 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 				if res.result == "" {
 					res.result = resultNetErr
 				}
-				h.finish(rt, t.up, res, start)
+				h.finish(rt, t, res, start)
 			}
 			panic(p)
 		}
 	}()
 	res = h.exchange(w, r, t, body, stream)
-	h.finish(rt, t.up, res, start)
+	h.finish(rt, t, res, start)
 	recorded = true
 	if res.abort {
 		// The upstream broke after the client got bytes; the error event is
@@ -225,13 +228,18 @@ func (h *Handler) classifyError(r *http.Request, u *upstream, w8 *watchdog, ctx 
 }
 
 // finish releases the slot and records the attempt: metric, backoff, log.
-func (h *Handler) finish(rt *route, u *upstream, res attemptResult, start time.Time) {
+func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Time) {
+	u := t.up
 	n := u.state.release()
 	now := time.Now()
 	if res.out == outFailover || res.result == resultNetErr || res.result == resultTimeout {
 		u.recordFailure(now, h.logger)
 	}
-	h.metrics.requests.WithLabelValues(rt.name, u.id, u.provider, res.result).Inc()
+	if c := t.counters[res.result]; c != nil {
+		c.Inc()
+	} else {
+		h.metrics.requests.WithLabelValues(rt.name, u.id, u.provider, res.result).Inc()
+	}
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
@@ -347,7 +355,6 @@ func readSome(r io.Reader, buf []byte) (int, error) {
 	}
 	return 0, io.ErrNoProgress
 }
-
 
 // hopHeaders are hop-by-hop headers (RFC 9110 §7.6.1) and framing headers
 // that the transport sets itself.

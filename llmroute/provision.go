@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
@@ -35,6 +36,7 @@ const (
 // state adopted from the pools.
 type upstream struct {
 	id, provider, model string
+	idAny, providerAny  any // id and provider boxed once, for placeholders
 
 	url        string   // provider URL + /chat/completions
 	target     *url.URL // url, parsed once
@@ -69,11 +71,15 @@ func (u *upstream) cooling(now time.Time) time.Duration {
 type target struct {
 	up   *upstream
 	edit transform.RequestEdit
+	// counters are this pair's llm_proxy_requests_total series, one per
+	// result, looked up once instead of hashing labels per request.
+	counters map[string]prometheus.Counter
 }
 
 // route is a client-visible model, compiled.
 type route struct {
 	name         string
+	nameAny      any // name boxed once, for placeholders
 	targets      []target
 	queueSize    int
 	queueTimeout time.Duration // 0 = until the client goes away
@@ -174,13 +180,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) compileUpstream(uc Upstream, p *Provider, providerPatch *transform.Patch, repl *caddy.Replacer) (*upstream, error) {
 	where := fmt.Sprintf("llm_route config: upstream %q", uc.ID)
 	u := &upstream{
-		id:         uc.ID,
-		provider:   p.ID,
-		model:      uc.Model,
-		url:        strings.TrimSuffix(p.URL, "/") + "/chat/completions",
-		sessionHdr: http.CanonicalHeaderKey(p.SessionHeader),
-		reasoning:  p.ReasoningField,
-		emptyOK:    p.ReasoningEmptyOK,
+		id:          uc.ID,
+		idAny:       uc.ID,
+		provider:    p.ID,
+		providerAny: p.ID,
+		model:       uc.Model,
+		url:         strings.TrimSuffix(p.URL, "/") + "/chat/completions",
+		sessionHdr:  http.CanonicalHeaderKey(p.SessionHeader),
+		reasoning:   p.ReasoningField,
+		emptyOK:     p.ReasoningEmptyOK,
 	}
 	target, err := url.Parse(u.url)
 	if err != nil {
@@ -252,14 +260,18 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llm_route config: model %q: patch: %v", m.Name, err)
 	}
-	rt := &route{name: m.Name, queueSize: h.QueueSize}
+	rt := &route{name: m.Name, nameAny: m.Name, queueSize: h.QueueSize}
 	if m.QueueSize != nil {
 		rt.queueSize = *m.QueueSize
 	}
 	rt.queueTimeout = durationOr(defaultQueueTimeout, m.QueueTimeout, h.QueueTimeout)
 	for _, id := range m.Upstreams {
 		u := h.upstreams[id]
-		rt.targets = append(rt.targets, target{up: u, edit: transform.RequestEdit{
+		counters := make(map[string]prometheus.Counter, len(allResults))
+		for _, res := range allResults {
+			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.id, u.provider, res)
+		}
+		rt.targets = append(rt.targets, target{up: u, counters: counters, edit: transform.RequestEdit{
 			Model:            u.model,
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,
@@ -389,6 +401,12 @@ func (h *Handler) applySharedWhenStarted(ctx caddy.Context) {
 			u.applyShared()
 		}
 		sched.dispatch()
+	}
+	if ctx.Module() == nil {
+		// A bare caddy.NewContext (unit tests, benchmarks): it has no config,
+		// and ctx.App would dereference the missing one.
+		apply()
+		return
 	}
 	app, err := ctx.App("events")
 	if ev, ok := app.(*caddyevents.App); err == nil && ok {

@@ -70,7 +70,7 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
-		repl.Set("http.llm_route.model", model)
+		repl.Set("http.llm_route.model", rt.nameAny)
 	}
 
 	idx, apiErr := h.admit(r, rt)
@@ -84,12 +84,13 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 	var failures []attemptRecord
 	for {
 		t := &rt.targets[idx]
-		res := h.attempt(w, r, rt, t, body, stream)
 		if repl != nil {
-			repl.Set("http.llm_route.upstream", t.up.id)
-			repl.Set("http.llm_route.provider", t.up.provider)
-			repl.Set("http.llm_route.attempts", len(failures)+1)
+			// Preboxed values: setting placeholders allocates nothing.
+			repl.Set("http.llm_route.upstream", t.up.idAny)
+			repl.Set("http.llm_route.provider", t.up.providerAny)
+			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
 		}
+		res := h.attempt(w, r, rt, t, body, stream)
 		if res.out != outFailover {
 			return nil
 		}
@@ -319,4 +320,19 @@ func putBuffer(b *bytes.Buffer) {
 	}
 	b.Reset()
 	bufferPool.Put(b)
+}
+
+// attemptCounts are preboxed values of the attempts placeholder.
+var attemptCounts = func() (a [16]any) {
+	for i := range a {
+		a[i] = i
+	}
+	return a
+}()
+
+func attemptCount(n int) any {
+	if n < len(attemptCounts) {
+		return attemptCounts[n]
+	}
+	return n
 }

@@ -58,7 +58,8 @@ func (h *Handler) copyResponse(w http.ResponseWriter, r *http.Request, ctx conte
 	var sink io.Writer = out
 	var rw *transform.StreamRewriter
 	if rewrite {
-		rw = transform.NewStreamRewriter(u.think, out.queueEvent)
+		rw = getRewriter(u.think, out.queueEvent)
+		defer putRewriter(rw)
 		sink = batch{rw, out}
 	}
 	err := pump(sink, resp.Body, first, firstErr, buf, w8)
@@ -320,4 +321,20 @@ func (c *clientWriter) writeError(code string) {
 	if _, err := c.w.Write(ev); err == nil {
 		_ = c.rc.Flush()
 	}
+}
+
+// rewriterPool recycles stream rewriters and their buffers.
+var rewriterPool sync.Pool
+
+func getRewriter(mode transform.ThinkMode, emit func([]byte) error) *transform.StreamRewriter {
+	if rw, ok := rewriterPool.Get().(*transform.StreamRewriter); ok {
+		rw.Reset(mode, emit)
+		return rw
+	}
+	return transform.NewStreamRewriter(mode, emit)
+}
+
+func putRewriter(rw *transform.StreamRewriter) {
+	rw.Reset(transform.ThinkOff, nil) // drop the emit closure
+	rewriterPool.Put(rw)
 }
