@@ -191,16 +191,7 @@ func (h *Handler) claimNext(rt *route, from int) (int, bool) {
 // Retry-After) when every upstream is in backoff, busy otherwise.
 func (h *Handler) reject(rt *route) *apiError {
 	now := time.Now()
-	allCooling := true
-	soonest := time.Duration(math.MaxInt64)
-	for _, t := range rt.targets {
-		left := t.up.cooling(now)
-		if left <= 0 {
-			allCooling = false
-			break
-		}
-		soonest = min(soonest, left)
-	}
+	soonest, allCooling := soonestBack(rt, now)
 	if allCooling {
 		secs := int(math.Ceil(soonest.Seconds()))
 		if c := h.logger.Check(zapcore.WarnLevel, "all upstreams cooling"); c != nil {

@@ -548,8 +548,9 @@ func appendQuoted(dst, s []byte) []byte {
 	return append(dst, '"')
 }
 
-// appendEscaped appends the JSON-escaped form of s without quotes.
-func appendEscaped(dst, s []byte) []byte {
+// appendEscaped appends the JSON-escaped form of s (a string or bytes)
+// without quotes. Invalid UTF-8 becomes U+FFFD, as encoding/json does.
+func appendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -575,7 +576,8 @@ func appendEscaped(dst, s []byte) []byte {
 			start = i
 			continue
 		}
-		r, size := utf8.DecodeRune(s[i:])
+		var rb [utf8.UTFMax]byte // decode without converting s
+		r, size := utf8.DecodeRune(rb[:copy(rb[:], s[i:])])
 		if r == utf8.RuneError && size == 1 {
 			dst = append(dst, s[start:i]...)
 			dst = append(dst, `\ufffd`...)
@@ -591,41 +593,6 @@ func appendEscaped(dst, s []byte) []byte {
 // appendQuotedString is appendQuoted for a string without converting it.
 func appendQuotedString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if !strEsc[c] {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, s[start:]...)
+	dst = appendEscaped(dst, s)
 	return append(dst, '"')
 }
