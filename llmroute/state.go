@@ -65,6 +65,9 @@ func (s *upstreamState) tryClaim() (int64, bool) {
 // release frees one slot and returns the new in-flight count.
 func (s *upstreamState) release() int64 {
 	n := s.inflight.Add(-1)
+	if n == 0 {
+		draining.CompareAndDelete(s.id, s) // the last request of a removed upstream
+	}
 	sched.dispatch() // a waiting request may take the slot
 	return n
 }
@@ -88,8 +91,21 @@ func (s *upstreamState) providerID() string {
 	return ""
 }
 
-// Destruct satisfies caddy.Destructor; nothing to free but the memory.
-func (s *upstreamState) Destruct() error { return nil }
+// Destruct runs when no config uses the upstream any more. Requests still in
+// flight keep their pointer and release into it; the state is parked until
+// the last of them ends, so that a config re-adding the same id meanwhile
+// counts those requests too instead of starting from zero.
+func (s *upstreamState) Destruct() error {
+	draining.Store(s.id, s)
+	if s.inflight.Load() <= 0 {
+		draining.CompareAndDelete(s.id, s)
+	}
+	return nil
+}
+
+// draining holds destroyed upstream states that still have requests in
+// flight, by id.
+var draining sync.Map
 
 // backoffState is one exponential-backoff counter: an upstream's own, or a
 // provider's shared by its upstreams. Cooling is read lock-free; updates take
@@ -209,7 +225,11 @@ func (p *poolRefs) release() {
 // records the reference.
 // fresh reports that no other config holds it.
 func (p *poolRefs) adoptUpstream(id string) (st *upstreamState, fresh bool) {
-	v, loaded := upstreamPool.LoadOrStore(id, &upstreamState{id: id})
+	candidate := &upstreamState{id: id}
+	if old, ok := draining.Load(id); ok {
+		candidate = old.(*upstreamState) // removed, still draining: same slots
+	}
+	v, loaded := upstreamPool.LoadOrStore(id, candidate)
 	p.upstreams = append(p.upstreams, id)
 	return v.(*upstreamState), !loaded
 }
