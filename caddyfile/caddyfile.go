@@ -102,7 +102,9 @@ func init() {
 //	    }
 //	}
 //
-// Keys keep the order they are written in. A key may appear once per block.
+// A `[` array may continue over several lines up to its `]` (`caddy fmt`
+// does not indent such lines). Arrays of objects need raw JSON. Keys keep the
+// order they are written in. A key may appear once per block.
 // Numbers must fit a float64, and integers must be at most 2^53 in magnitude:
 // Caddy stores a loaded config as generic JSON (float64 numbers, keys sorted)
 // and would otherwise change the value silently.
@@ -146,6 +148,8 @@ type parser struct {
 	// definitions may come in any order. Each error is made while the
 	// dispenser stands on the reference, so it carries that line.
 	refs []reference
+
+	depth int // nesting of the patch being parsed
 }
 
 type reference struct {
@@ -168,7 +172,9 @@ func (s settings) once(d *caddyfile.Dispenser, where, name string) error {
 
 func (p *parser) handler() error {
 	d := p.d
-	d.Next() // consume directive name
+	if !d.Next() { // consume directive name
+		return d.Err("llm_route: no tokens")
+	}
 	if d.NextArg() {
 		return d.Errf("llm_route: unexpected argument %q (only a matcher may precede the block)", d.Val())
 	}

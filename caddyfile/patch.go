@@ -49,6 +49,10 @@ func (p *parser) patch(where string) (json.RawMessage, error) {
 // object parses the block that opens on the current line into a JSON object.
 func (p *parser) object(buf *bytes.Buffer, path string) error {
 	d := p.d
+	if err := p.enter(path); err != nil {
+		return err
+	}
+	defer p.leave()
 	keys := map[string]int{}
 	buf.WriteByte('{')
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -138,6 +142,10 @@ func (p *parser) item(path string) ([]byte, error) {
 // array parses the items after a `[` up to the matching `]`, across lines.
 func (p *parser) array(path string) ([]byte, error) {
 	d := p.d
+	if err := p.enter(path); err != nil {
+		return nil, err
+	}
+	defer p.leave()
 	openLine := d.Line()
 	var items [][]byte
 	for {
@@ -161,6 +169,20 @@ func (p *parser) array(path string) ([]byte, error) {
 		items = append(items, item)
 	}
 }
+
+// maxPatchDepth bounds the nesting of blocks and arrays in a patch.
+const maxPatchDepth = 64
+
+// enter counts one more level of patch nesting and rejects too deep a patch.
+func (p *parser) enter(path string) error {
+	p.depth++
+	if p.depth > maxPatchDepth {
+		return p.d.Errf("%s: nested more than %d levels deep", path, maxPatchDepth)
+	}
+	return nil
+}
+
+func (p *parser) leave() { p.depth-- }
 
 // quoteOf tells how the token at the cursor was quoted: 0 (bare), '"', '`'
 // or '<' (heredoc).
@@ -302,7 +324,10 @@ func checkNumber(s string) error {
 	if err != nil || math.IsInf(f, 0) {
 		return fmt.Errorf("number %s is out of range", s)
 	}
-	if !strings.ContainsAny(s, ".eE") && math.Abs(f) > maxExactInt {
+	if strings.ContainsAny(s, ".eE") {
+		return nil // a fraction: rounding to float64 is what the writer expects
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err != nil || n > maxExactInt || n < -maxExactInt {
 		return fmt.Errorf("integer %s is too large: Caddy keeps config numbers as float64, exact only up to 2^53 (write it as a string if the API accepts one)", s)
 	}
 	return nil

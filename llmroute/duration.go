@@ -72,7 +72,7 @@ var iso8601Units = []iso8601Unit{
 // parseISO8601 parses P[nY][nM][nW][nD][T[nH][nM][nS]] with decimal fractions
 // allowed on every number (comma or dot).
 func parseISO8601(s string) (time.Duration, error) {
-	s = strings.ToUpper(s)
+	s = asciiUpper(s) // strings.ToUpper would also map some non-ASCII letters
 	if len(s) < 2 || s[0] != 'P' {
 		return 0, errors.New("missing P")
 	}
@@ -129,10 +129,22 @@ func parseISO8601(s string) (time.Duration, error) {
 	if !any {
 		return 0, errors.New("no value")
 	}
-	if total > math.MaxInt64 {
+	if total >= math.MaxInt64 { // float64(MaxInt64) is 2^63, itself out of range
+
 		return 0, errors.New("duration out of range")
 	}
 	return time.Duration(total), nil
+}
+
+// asciiUpper upper-cases ASCII letters only.
+func asciiUpper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'a' && c <= 'z' {
+			b[i] = c - 'a' + 'A'
+		}
+	}
+	return string(b)
 }
 
 // UnmarshalJSON accepts an integer (nanoseconds) or a duration string.
