@@ -9,6 +9,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +50,8 @@ type proxy struct {
 	logPath string
 	port    int
 	aport   int
+	// next are handlers placed after llm_route in the route.
+	next []any
 }
 
 // startProxy loads a Caddy config whose only route is the given llm_route
@@ -68,12 +72,19 @@ func startProxy(t testing.TB, handler map[string]any) *proxy {
 	return p
 }
 
-// config renders the whole Caddy config around a handler.
+// config renders the whole Caddy config around a handler, followed by the
+// handlers in p.next (so tests can check what falls through).
 func (p *proxy) config(handler map[string]any) []byte {
 	h := map[string]any{"handler": "llm_route"}
 	for k, v := range handler {
 		h[k] = v
 	}
+	handle := append([]any{h}, p.next...)
+	return p.configRoutes([]any{map[string]any{"handle": handle}})
+}
+
+// configRoutes renders the whole Caddy config around a list of routes.
+func (p *proxy) configRoutes(routes []any) []byte {
 	cfg := map[string]any{
 		"admin": map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", p.aport)},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{
@@ -86,7 +97,7 @@ func (p *proxy) config(handler map[string]any) []byte {
 				"listen":          []string{fmt.Sprintf("127.0.0.1:%d", p.port)},
 				"automatic_https": map[string]any{"disable": true},
 				"metrics":         map[string]any{},
-				"routes":          []any{map[string]any{"handle": []any{h}}},
+				"routes":          routes,
 			}},
 		}},
 	}
@@ -127,7 +138,7 @@ func (p *proxy) chat(body string, hdr ...string) *http.Response {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testClient.Do(req)
 	if err != nil {
 		p.t.Fatalf("POST chat: %v", err)
 	}
@@ -137,7 +148,7 @@ func (p *proxy) chat(body string, hdr ...string) *http.Response {
 // metrics returns the admin /metrics text.
 func (p *proxy) metrics() string {
 	p.t.Helper()
-	resp, err := http.Get(p.admin + "/metrics")
+	resp, err := testClient.Get(p.admin + "/metrics")
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -361,5 +372,310 @@ func basicConfig(up *fakeUpstream, limit int) map[string]any {
 		"providers": []any{map[string]any{"id": "p1", "url": up.base(), "key": "sk-test-secret-1"}},
 		"upstreams": []any{map[string]any{"id": "u1", "provider": "p1", "model": "real-model", "max_concurrency": limit}},
 		"models":    []any{map[string]any{"name": "m", "upstreams": []string{"u1"}}},
+	}
+}
+
+// ---- helpers added for the request, routing, reload and metrics tests ----
+
+// testClient talks to the proxy without keeping connections alive: a reload
+// shuts the old server down, and a POST on a connection it closed would fail
+// without a retry. It also leaves no idle-connection goroutines behind.
+var testClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
+// post is chat without t.Fatal, for goroutines other than the test's.
+func (p *proxy) post(ctx context.Context, body string, hdr ...string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	return testClient.Do(req)
+}
+
+// get fetches a path of the proxy.
+func (p *proxy) get(path string) *http.Response {
+	p.t.Helper()
+	resp, err := testClient.Get(p.URL + path)
+	if err != nil {
+		p.t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp
+}
+
+// loadRoutes (re)loads a config made of the given routes and returns the
+// error.
+func (p *proxy) loadRoutes(routes []any) error {
+	return caddy.Load(p.configRoutes(routes), true)
+}
+
+// series renders a metric sample name with its labels in the order the
+// Prometheus text format uses (sorted by name).
+func series(name string, labels ...string) string {
+	type kv struct{ k, v string }
+	var kvs []kv
+	for i := 0; i+1 < len(labels); i += 2 {
+		kvs = append(kvs, kv{labels[i], labels[i+1]})
+	}
+	sort.Slice(kvs, func(i, j int) bool { return kvs[i].k < kvs[j].k })
+	var b strings.Builder
+	b.WriteString(name)
+	if len(kvs) > 0 {
+		b.WriteByte('{')
+		for i, l := range kvs {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%s=%q", l.k, l.v)
+		}
+		b.WriteByte('}')
+	}
+	return b.String()
+}
+
+// metric returns a sample's value, 0 when the series does not exist (yet).
+func (p *proxy) metric(name string, labels ...string) float64 {
+	p.t.Helper()
+	v, _ := p.metricValue(series(name, labels...))
+	return v
+}
+
+// requests returns llm_proxy_requests_total for one model/upstream/result.
+func (p *proxy) requests(model, upstream, provider, result string) float64 {
+	p.t.Helper()
+	return p.metric("llm_proxy_requests_total", "model", model, "upstream", upstream, "provider", provider, "result", result)
+}
+
+// upstreamGauge returns one of the per-upstream gauges
+// (inflight, fail_streak, cooling_seconds).
+func (p *proxy) upstreamGauge(gauge, upstream, provider string) float64 {
+	p.t.Helper()
+	return p.metric("llm_proxy_upstream_"+gauge, "upstream", upstream, "provider", provider)
+}
+
+// logEntries returns the structured log entries whose msg is msg.
+func (p *proxy) logEntries(msg string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(p.logs(), "\n") {
+		if !strings.Contains(line, msg) {
+			continue
+		}
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) == nil && e["msg"] == msg {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// apiErr is the OpenAI error shape the proxy answers with.
+type apiErr struct {
+	Error struct {
+		Message *string `json:"message"`
+		Type    *string `json:"type"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+// expectAPIError checks that resp is the proxy's own error: status,
+// Content-Type application/json, exactly {"error":{"message","type","code"}}
+// with string values, and the code. It returns the message.
+func expectAPIError(t testing.TB, resp *http.Response, status int, code string) string {
+	t.Helper()
+	body := readAll(t, resp)
+	if resp.StatusCode != status {
+		t.Fatalf("status = %d, want %d; body %s", resp.StatusCode, status, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	var raw map[string]map[string]any
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatalf("error body is not the OpenAI shape: %v: %s", err, body)
+	}
+	if len(raw) != 1 || len(raw["error"]) != 3 {
+		t.Fatalf("error body has other fields than error.{message,type,code}: %s", body)
+	}
+	for _, k := range []string{"message", "type", "code"} {
+		if s, ok := raw["error"][k].(string); !ok || s == "" {
+			t.Fatalf("error.%s is not a non-empty string: %s", k, body)
+		}
+	}
+	if got := raw["error"]["code"]; got != code {
+		t.Errorf("error.code = %v, want %s (body %s)", got, code, body)
+	}
+	for _, leak := range leakMarkers {
+		if strings.Contains(body, leak) {
+			t.Errorf("error body leaks %q: %s", leak, body)
+		}
+	}
+	return raw["error"]["message"].(string)
+}
+
+// leakMarkers must never appear in an error the proxy writes: provider keys
+// used by the tests and pieces of Go transport errors.
+var leakMarkers = []string{"sk-test-secret", "sk-env", "dial tcp", "connection refused", "EOF", "127.0.0.1",
+	"context deadline", "context canceled", "http: ", "net/http"}
+
+// gate is an upstream behaviour that signals each arrival on arrived and then
+// waits for release (closed) or the proxy going away; afterwards it answers
+// with then.
+type gate struct {
+	arrived chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newGate() *gate {
+	return &gate{arrived: make(chan struct{}, 1024), release: make(chan struct{})}
+}
+
+// open lets every held and future request through.
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// handler holds each request until the gate opens, then runs then.
+func (g *gate) handler(then http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		g.arrived <- struct{}{}
+		select {
+		case <-g.release:
+		case <-r.Context().Done():
+			return
+		}
+		then(w, r)
+	}
+}
+
+// waitArrivals waits until n requests arrived at the gate.
+func (g *gate) waitArrivals(t testing.TB, n int) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for i := 0; i < n; i++ {
+		select {
+		case <-g.arrived:
+		case <-timeout:
+			t.Fatalf("only %d of %d requests reached the upstream", i, n)
+		}
+	}
+}
+
+// result of a request run in the background.
+type result struct {
+	status int
+	body   string
+	header http.Header
+	err    error
+}
+
+// goChat posts in the background; the result arrives on the channel.
+func (p *proxy) goChat(ctx context.Context, body string) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		resp, err := p.post(ctx, body)
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ch <- result{status: resp.StatusCode, body: string(b), header: resp.Header, err: err}
+	}()
+	return ch
+}
+
+// await waits for a background request.
+func await(t testing.TB, ch <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("background request: %v", r.err)
+		}
+		return r
+	case <-time.After(15 * time.Second):
+		t.Fatal("background request did not finish")
+	}
+	return result{}
+}
+
+// chatBody is a minimal request for model m.
+func chatBody(model string, stream bool) string {
+	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"stream":%v}`, model, stream)
+}
+
+// closedURL is a base URL where nothing listens: the connection is refused.
+func closedURL(t testing.TB) string {
+	return fmt.Sprintf("http://127.0.0.1:%d/v1", freePort(t))
+}
+
+// cfg builds a handler config from providers, upstreams and models given as
+// JSON-like maps.
+func cfg(providers, upstreams, models []map[string]any, extra ...any) map[string]any {
+	h := map[string]any{"providers": providers, "upstreams": upstreams, "models": models}
+	for i := 0; i+1 < len(extra); i += 2 {
+		h[extra[i].(string)] = extra[i+1]
+	}
+	return h
+}
+
+// obj builds a map from key/value pairs.
+func obj(kv ...any) map[string]any {
+	m := make(map[string]any, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	return m
+}
+
+// script is an upstream behaviour that holds every request until the test
+// releases it, one at a time in arrival order, and then answers it with the
+// next scripted behaviour. It makes the order of concurrent outcomes
+// deterministic.
+type script struct {
+	mu      sync.Mutex
+	arrived chan struct{}
+	turns   []chan http.HandlerFunc
+	next    int
+}
+
+func newScript() *script { return &script{arrived: make(chan struct{}, 1024)} }
+
+func (s *script) handler(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	turn := make(chan http.HandlerFunc, 1)
+	s.turns = append(s.turns, turn)
+	s.mu.Unlock()
+	s.arrived <- struct{}{}
+	select {
+	case h := <-turn:
+		h(w, r)
+	case <-r.Context().Done():
+	}
+}
+
+// answer lets the earliest request not yet answered through with h.
+func (s *script) answer(t testing.TB, h http.HandlerFunc) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.next >= len(s.turns) {
+		t.Fatalf("script: no request waiting for answer %d", s.next+1)
+	}
+	s.turns[s.next] <- h
+	s.next++
+}
+
+// waitArrivals waits until n more requests arrived.
+func (s *script) waitArrivals(t testing.TB, n int) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for i := 0; i < n; i++ {
+		select {
+		case <-s.arrived:
+		case <-timeout:
+			t.Fatalf("only %d of %d requests reached the upstream", i, n)
+		}
 	}
 }

@@ -120,9 +120,14 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 	defer resp.Body.Close()
 
 	if failoverStatus(resp.StatusCode) {
-		w8.stop()
 		h.noteRetryAfter(u, resp, time.Now())
+		// Never wait long for a failed answer's body: an upstream that sends
+		// error headers and then stalls must not hold up the failover until
+		// request_timeout. When the window passes, the attempt is cancelled
+		// and the connection dropped instead of reused.
+		w8.arm(drainTimeout, codeDrain)
 		drain(resp.Body)
+		w8.stop()
 		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
 	}
 
@@ -157,6 +162,13 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 
 // codeFirstByte marks a watchdog that fired before the first byte.
 const codeFirstByte = "first_byte"
+
+// codeDrain marks a watchdog that fired while a failed response's body was
+// being drained; drainTimeout is that window.
+const (
+	codeDrain    = "drain"
+	drainTimeout = time.Second
+)
 
 // watchdog cancels an attempt when its timer fires and remembers why. One
 // timer serves both windows of a stream: first byte, then idle.

@@ -47,6 +47,7 @@ func FuzzJSONConfig(f *testing.F) {
 			return
 		}
 		h.logger = zap.NewNop()
+		h.metrics = getMetrics() // compileRoute binds the per-target counters
 		repl := caddy.NewReplacer()
 		providers := make(map[string]*Provider)
 		for i := range h.Providers {

@@ -92,6 +92,11 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 		}
 		res := h.attempt(w, r, rt, t, body, stream)
 		if res.out != outFailover {
+			if res.result == resultCancelled && res.status == 0 {
+				// The client left before any answer: nothing was written,
+				// so let Caddy log 499 rather than an empty 200.
+				return caddyhttp.Error(499, errClientClosed)
+			}
 			return nil
 		}
 		failures = append(failures, attemptRecord{upstream: t.up.id, result: res.result, status: res.status})

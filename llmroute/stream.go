@@ -44,9 +44,13 @@ func (h *Handler) copyResponse(w http.ResponseWriter, r *http.Request, ctx conte
 		return h.copyCompletion(w, r, resp, u, first, firstErr)
 	}
 
+	// Heartbeats and the final error event are plain-text SSE: spliced into
+	// a compressed stream (passed through untouched) they would corrupt it,
+	// so such a stream gets neither; a cut one is only aborted.
+	plainSSE := sse && identityEncoded(resp)
 	out := &clientWriter{w: w, rc: http.NewResponseController(w), flush: sse || resp.ContentLength < 0, atBoundary: true}
 	if sse {
-		if h.heartbeat > 0 {
+		if h.heartbeat > 0 && plainSSE {
 			out.startHeartbeat(h.heartbeat)
 		}
 		if u.streamIdle > 0 {
@@ -72,7 +76,7 @@ func (h *Handler) copyResponse(w http.ResponseWriter, r *http.Request, ctx conte
 	if err == nil {
 		return nil
 	}
-	return h.streamFailure(w, r, ctx, u, out, sse, err, w8)
+	return h.streamFailure(w, r, ctx, u, out, plainSSE, err, w8)
 }
 
 // pump copies first, then the rest of body, kicking the idle watchdog on
