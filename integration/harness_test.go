@@ -470,15 +470,6 @@ func (p *proxy) logEntries(msg string) []map[string]any {
 	return out
 }
 
-// apiErr is the OpenAI error shape the proxy answers with.
-type apiErr struct {
-	Error struct {
-		Message *string `json:"message"`
-		Type    *string `json:"type"`
-		Code    *string `json:"code"`
-	} `json:"error"`
-}
-
 // expectAPIError checks that resp is the proxy's own error: status,
 // Content-Type application/json, exactly {"error":{"message","type","code"}}
 // with string values, and the code. It returns the message.
