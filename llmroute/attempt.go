@@ -198,6 +198,15 @@ func (w *watchdog) kick() {
 	}
 }
 
+// pause holds an armed timer while the proxy writes to the client: time
+// spent waiting for a slow client is not upstream silence, and must not cut
+// the stream or count against the upstream. kick re-arms it.
+func (w *watchdog) pause() {
+	if w.timer != nil && w.period > 0 {
+		w.timer.Stop()
+	}
+}
+
 func (w *watchdog) fire() {
 	w.fired.Store(w.reason.Load())
 	w.cancel()

@@ -410,18 +410,19 @@ func (h *Handler) applySharedWhenStarted(ctx caddy.Context) {
 	}
 	app, err := ctx.App("events")
 	if ev, ok := app.(*caddyevents.App); err == nil && ok {
-		if err := ev.On("started", startedHook(apply)); err == nil {
+		if err := ev.On("started", startedHook{apply}); err == nil {
 			return
 		}
 	}
 	apply() // no event bus (e.g. a bare test context): apply now
 }
 
-// startedHook runs a function on Caddy's "started" event.
-type startedHook func()
+// startedHook runs a function on Caddy's "started" event. It is a struct
+// with no exported fields so that the events app can log it as JSON.
+type startedHook struct{ apply func() }
 
 // Handle satisfies caddyevents.Handler.
-func (f startedHook) Handle(context.Context, caddy.Event) error {
-	f()
+func (h startedHook) Handle(context.Context, caddy.Event) error {
+	h.apply()
 	return nil
 }

@@ -80,10 +80,14 @@ func (h *Handler) copyResponse(w http.ResponseWriter, r *http.Request, ctx conte
 }
 
 // pump copies first, then the rest of body, kicking the idle watchdog on
-// every read.
+// every read. The watchdog is paused while a write to the client blocks (a
+// slow client), so only upstream silence counts as a stall.
 func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byte, w8 *watchdog) error {
 	if len(first) > 0 {
-		if _, err := dst.Write(first); err != nil {
+		w8.pause()
+		_, err := dst.Write(first)
+		w8.kick()
+		if err != nil {
 			return errClientWrite{err}
 		}
 	}
@@ -96,8 +100,10 @@ func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byt
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
+			w8.pause()
+			_, err := dst.Write(buf[:n])
 			w8.kick()
-			if _, err := dst.Write(buf[:n]); err != nil {
+			if err != nil {
 				return errClientWrite{err}
 			}
 		}
