@@ -341,14 +341,7 @@ func hang(release <-chan struct{}) http.HandlerFunc {
 func resetAfter(events []string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		writeStream(w, events, 0)
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		if tc, ok := conn.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0)
-		}
-		conn.Close()
+		resetsConnection(w, r)
 	}
 }
 

@@ -596,3 +596,20 @@ func appendQuotedString(dst []byte, s string) []byte {
 	dst = appendEscaped(dst, s)
 	return append(dst, '"')
 }
+
+// twoMembers finds the members named k1 and k2 of the object starting at
+// b[start]; a member that is absent has vs == -1. ok reports a well-formed
+// object.
+func twoMembers(b []byte, start int, k1, k2 string) (m1, m2 member, ok bool) {
+	it := iterObject(b, start, false)
+	var m member
+	m1.vs, m2.vs = -1, -1
+	for it.next(&m) {
+		if keyIs(b, &m, k1) {
+			m1 = m
+		} else if keyIs(b, &m, k2) {
+			m2 = m
+		}
+	}
+	return m1, m2, it.ok
+}

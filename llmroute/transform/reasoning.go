@@ -171,17 +171,8 @@ func walkDetails(arr []byte, f func(interior []byte)) {
 		if arr[vs] != '{' {
 			continue
 		}
-		oi := iterObject(arr, vs, false)
-		var m, typ, text member
-		typ.vs, text.vs = -1, -1
-		for oi.next(&m) {
-			if keyIs(arr, &m, "type") {
-				typ = m
-			} else if keyIs(arr, &m, "text") {
-				text = m
-			}
-		}
-		if !oi.ok || text.vs < 0 || arr[text.vs] != '"' {
+		typ, text, ok := twoMembers(arr, vs, "type", "text")
+		if !ok || text.vs < 0 || arr[text.vs] != '"' {
 			continue
 		}
 		if typ.vs >= 0 {

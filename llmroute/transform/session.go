@@ -421,16 +421,7 @@ func textPart(part []byte) ([]byte, bool) {
 	if part[0] != '{' {
 		return nil, false
 	}
-	it := iterObject(part, 0, false)
-	var m, typ, text member
-	typ.vs, text.vs = -1, -1
-	for it.next(&m) {
-		if keyIs(part, &m, "type") {
-			typ = m
-		} else if keyIs(part, &m, "text") {
-			text = m
-		}
-	}
+	typ, text, _ := twoMembers(part, 0, "type", "text")
 	if text.vs < 0 || part[text.vs] != '"' {
 		return nil, false
 	}
@@ -447,30 +438,12 @@ func canonToolCall(dst, call []byte, hs *hashState) []byte {
 	if call[0] != '{' {
 		return appendRec(dst, recOther, canonJSON(nil, call))
 	}
-	it := iterObject(call, 0, false)
-	var m, id, fn member
-	id.vs, fn.vs = -1, -1
-	for it.next(&m) {
-		if keyIs(call, &m, "id") {
-			id = m
-		} else if keyIs(call, &m, "function") {
-			fn = m
-		}
-	}
+	id, fn, _ := twoMembers(call, 0, "id", "function")
 	if id.vs >= 0 {
 		dst = appendStrRec(dst, recToolID, call[id.vs:id.ve], hs)
 	}
 	if fn.vs >= 0 && call[fn.vs] == '{' {
-		fi := iterObject(call, fn.vs, false)
-		var name, args member
-		name.vs, args.vs = -1, -1
-		for fi.next(&m) {
-			if keyIs(call, &m, "name") {
-				name = m
-			} else if keyIs(call, &m, "arguments") {
-				args = m
-			}
-		}
+		name, args, _ := twoMembers(call, fn.vs, "name", "arguments")
 		if name.vs >= 0 {
 			dst = appendStrRec(dst, recToolName, call[name.vs:name.ve], hs)
 		}
