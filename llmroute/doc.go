@@ -1,0 +1,25 @@
+// Package llmroute is the http.handlers.llm_route Caddy module: an
+// OpenAI-compatible LLM router.
+//
+// Where things live (each concern has one home):
+//
+//   - handler.go   the Handler config (godoc = module docs) and registration
+//   - config.go    Provider / Upstream / Model and their validation
+//   - duration.go  ISO-8601 + Go durations
+//   - provision.go effective settings resolved once; shared state adopted;
+//     limits applied on Caddy's "started" event; Cleanup
+//   - serve.go     ServeHTTP: parse → admit → attempt → failover loop
+//   - attempt.go   one try at one upstream: request build, first-byte
+//     watchdog, outcome classification, slot release and metrics
+//   - stream.go    the response body: passthrough or think-tag rewrite,
+//     idle watchdog, heartbeats, the final SSE error event
+//   - state.go     what outlives a reload (UsagePool): slots and backoff
+//   - queue.go     the process-wide FIFO scheduler of waiting requests
+//   - prober.go    background probes of cooling upstreams
+//   - metrics.go   collectors registered per config; gauges read from state
+//   - errors.go    the OpenAI error shape
+//
+// Arrows that never exist: llmroute never imports the caddyfile package;
+// package transform imports nothing of Caddy or of this package; state.go
+// is passive (handlers, the queue and the prober act on it).
+package llmroute
