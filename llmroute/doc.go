@@ -21,5 +21,6 @@
 //
 // Arrows that never exist: llmroute never imports the caddyfile package;
 // package transform imports nothing of Caddy or of this package; state.go
-// is passive (handlers, the queue and the prober act on it).
+// holds data and atomics that handlers, the queue and the prober act on (its
+// one outward call wakes the queue when a slot frees).
 package llmroute
