@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -440,9 +441,9 @@ func forwardable(k string) bool {
 
 func splitComma(s string) []string {
 	var out []string
-	for _, f := range bytes.Split([]byte(s), []byte(",")) {
-		if f = bytes.TrimSpace(f); len(f) > 0 {
-			out = append(out, string(f))
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
 		}
 	}
 	return out

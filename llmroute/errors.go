@@ -53,13 +53,20 @@ func (e apiError) write(w http.ResponseWriter) {
 	body = appendJSONString(body, e.code)
 	body = append(body, "}}\n"...)
 	hdr := w.Header()
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	hdr.Set("Cache-Control", "no-store")
 	if e.retryAfter > 0 {
 		hdr.Set("Retry-After", strconv.Itoa(e.retryAfter))
 	}
-	w.WriteHeader(e.status)
+	writeJSON(w, e.status, body)
+}
+
+// writeJSON sends a whole JSON response. A failed write means the client
+// left; there is nobody to report it to.
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
 

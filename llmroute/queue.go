@@ -102,12 +102,30 @@ func (s *scheduler) removeLocked(w *waiter) {
 
 // claimFirst claims a slot on the first non-cooling upstream of rt with room.
 func claimFirst(rt *route, now time.Time) (int, bool) {
-	for i := range rt.targets {
+	return claimFrom(rt, 0, now, nil)
+}
+
+// claimFrom claims a slot on the first target at or after from that is not
+// cooling and has room. With a logger it logs skipped and accepted
+// upstreams (the scheduler passes none: it runs under its lock).
+func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) {
+	for i := from; i < len(rt.targets); i++ {
 		u := rt.targets[i].up
-		if u.cooling(now) > 0 {
+		if left := u.cooling(now); left > 0 {
+			if log != nil {
+				if c := log.Check(zapcore.DebugLevel, "upstream cooling, skipped"); c != nil {
+					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.Duration("left", left))
+				}
+			}
 			continue
 		}
-		if _, ok := u.state.tryClaim(); ok {
+		if n, ok := u.state.tryClaim(); ok {
+			if log != nil {
+				if c := log.Check(zapcore.DebugLevel, "request accepted"); c != nil {
+					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
+						zap.Int64("slot", n), zap.Int64("limit", u.limit))
+				}
+			}
 			return i, true
 		}
 	}

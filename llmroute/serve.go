@@ -170,26 +170,10 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, *apiError) {
 	return -1, h.reject(rt)
 }
 
-// claimNext claims a slot on the first eligible target at or after from.
+// claimNext claims a slot on the first eligible target at or after from,
+// logging skipped and accepted upstreams.
 func (h *Handler) claimNext(rt *route, from int) (int, bool) {
-	now := time.Now()
-	for i := from; i < len(rt.targets); i++ {
-		u := rt.targets[i].up
-		if left := u.cooling(now); left > 0 {
-			if c := h.logger.Check(zapcore.DebugLevel, "upstream cooling, skipped"); c != nil {
-				c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.Duration("left", left))
-			}
-			continue
-		}
-		if n, ok := u.state.tryClaim(); ok {
-			if c := h.logger.Check(zapcore.DebugLevel, "request accepted"); c != nil {
-				c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
-					zap.Int64("slot", n), zap.Int64("limit", u.limit))
-			}
-			return i, true
-		}
-	}
-	return -1, false
+	return claimFrom(rt, from, time.Now(), h.logger)
 }
 
 // reject builds the 503 for a model with no free upstream: cooling (with
@@ -238,12 +222,8 @@ func (s slotLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 
 // serveModels answers GET …/models in the OpenAI list format.
 func (h *Handler) serveModels(w http.ResponseWriter) error {
-	hdr := w.Header()
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(h.modelsBody)))
-	w.WriteHeader(http.StatusOK)
-	_, err := w.Write(h.modelsBody)
-	return ignoreClientGone(err)
+	writeJSON(w, http.StatusOK, h.modelsBody)
+	return nil
 }
 
 // serveModel answers GET …/models/{name}.
@@ -252,13 +232,8 @@ func (h *Handler) serveModel(w http.ResponseWriter, name string) error {
 		errUnknownModel(name).write(w)
 		return nil
 	}
-	body := appendModelObject(nil, name, h.created)
-	hdr := w.Header()
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(http.StatusOK)
-	_, err := w.Write(body)
-	return ignoreClientGone(err)
+	writeJSON(w, http.StatusOK, appendModelObject(nil, name, h.created))
+	return nil
 }
 
 // modelsListBody pre-encodes the model list at provision time.
@@ -280,9 +255,6 @@ func appendModelObject(b []byte, name string, created int64) []byte {
 	b = strconv.AppendInt(b, created, 10)
 	return append(b, `,"owned_by":"llm_route"}`...)
 }
-
-// ignoreClientGone drops write errors: the client left, nothing to report.
-func ignoreClientGone(error) error { return nil }
 
 // readBody reads the whole request body into buf, bounded by limit.
 func readBody(r *http.Request, limit int64, buf *bytes.Buffer) ([]byte, *apiError) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -326,7 +325,7 @@ func (c *clientWriter) writeError(code string) {
 	ev = append(ev, `data: {"error":{"message":`...)
 	ev = appendJSONString(ev, streamErrorMessages[code])
 	ev = append(ev, `,"type":"upstream_error","code":`...)
-	ev = strconv.AppendQuote(ev, code)
+	ev = appendJSONString(ev, code)
 	ev = append(ev, "}}\n\n"...)
 	if _, err := c.w.Write(ev); err == nil {
 		_ = c.rc.Flush()
