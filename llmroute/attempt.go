@@ -8,8 +8,6 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -289,78 +287,6 @@ func (u *upstream) recordFailure(now time.Time, logger *zap.Logger) {
 	}
 }
 
-// failoverStatus reports statuses that count as upstream failures.
-func failoverStatus(code int) bool {
-	return code >= 500 || code == http.StatusTooManyRequests || code == http.StatusPaymentRequired
-}
-
-// statusResult maps a response status to its metric result.
-func statusResult(code int) string {
-	switch {
-	case code == http.StatusTooManyRequests:
-		return result429
-	case code == http.StatusPaymentRequired:
-		return result402
-	case code >= 500:
-		return result5xx
-	case code >= 400:
-		return result4xx
-	}
-	return resultOK
-}
-
-// noteRetryAfter honours an upstream's Retry-After (seconds or HTTP date) or
-// retry-after-ms on 429/503: the upstream cools, in its backoff scope or
-// alone, for at least that long, bounded by retry_after_max.
-func (h *Handler) noteRetryAfter(u *upstream, resp *http.Response, now time.Time) {
-	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
-		return
-	}
-	d, ok := parseRetryAfter(resp.Header, now)
-	if !ok || d <= 0 {
-		return
-	}
-	d = min(d, h.retryAfterMax)
-	if u.backoff != nil {
-		u.backoff.holdFor(now, d)
-	} else {
-		until := now.Add(d).UnixNano()
-		for {
-			cur := u.state.coolUntil.Load()
-			if cur >= until || u.state.coolUntil.CompareAndSwap(cur, until) {
-				break
-			}
-		}
-	}
-	if c := h.logger.Check(zapcore.InfoLevel, "upstream asked to retry later"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.Int("status", resp.StatusCode), zap.Duration("cooling", d))
-	}
-}
-
-// parseRetryAfter reads retry-after-ms, then Retry-After in seconds or as an
-// HTTP date.
-func parseRetryAfter(hdr http.Header, now time.Time) (time.Duration, bool) {
-	if v := hdr.Get("Retry-After-Ms"); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms < 1e12 {
-			return time.Duration(ms * float64(time.Millisecond)), true
-		}
-	}
-	v := hdr.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		if secs < 0 || secs > 1e9 {
-			return 0, false
-		}
-		return time.Duration(secs * float64(time.Second)), true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return t.Sub(now), true
-	}
-	return 0, false
-}
-
 // drain reads a little of a failed response so the connection can be reused,
 // then the caller closes it.
 func drain(body io.Reader) {
@@ -376,101 +302,6 @@ func readSome(r io.Reader, buf []byte) (int, error) {
 		}
 	}
 	return 0, io.ErrNoProgress
-}
-
-// hopHeaders are hop-by-hop headers (RFC 9110 §7.6.1) and framing headers
-// that the transport sets itself.
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Te", "Trailer",
-	"Transfer-Encoding", "Upgrade", "Content-Length", "Host", "Expect"}
-
-// upstreamRequest builds the outgoing request: the client's headers minus
-// credentials and hop-by-hop ones, the provider's key and static headers,
-// and the session header.
-func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, out []byte, body io.ReadCloser) *http.Request {
-	hdr := make(http.Header, len(r.Header)+4)
-	for k, vv := range r.Header {
-		if !forwardable(k) {
-			continue
-		}
-		hdr[k] = vv // read-only from here on: sharing the slices is safe
-	}
-	for _, name := range r.Header["Connection"] {
-		for _, f := range splitComma(name) {
-			delete(hdr, http.CanonicalHeaderKey(f))
-		}
-	}
-	if u.think != transform.ThinkOff {
-		// The response is rewritten, so it must come uncompressed.
-		hdr.Set("Accept-Encoding", "identity")
-	}
-	hdr.Set("Content-Type", "application/json")
-	if u.auth != "" {
-		hdr["Authorization"] = []string{u.auth}
-	}
-	for _, kv := range u.headers {
-		hdr.Set(kv[0], kv[1])
-	}
-	if u.sessionHdr != "" {
-		hdr.Set(u.sessionHdr, sessions.ID(out))
-	}
-	req := http.Request{
-		Method:        http.MethodPost,
-		URL:           u.target,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        hdr,
-		Body:          body,
-		ContentLength: int64(len(out)),
-		Host:          u.target.Host,
-	}
-	return req.WithContext(ctx) // one allocation: req itself stays on the stack
-}
-
-// forwardable reports whether a client request header may go upstream:
-// not a credential, not hop-by-hop.
-func forwardable(k string) bool {
-	switch k {
-	case "Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
-		"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Te", "Trailer",
-		"Transfer-Encoding", "Upgrade", "Content-Length", "Host", "Expect":
-		return false
-	}
-	return true
-}
-
-func splitComma(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// writeResponseHeader copies the upstream's status and headers, minus
-// hop-by-hop ones.
-func (h *Handler) writeResponseHeader(w http.ResponseWriter, resp *http.Response, u *upstream, t *target) {
-	dst := w.Header()
-	for k, vv := range resp.Header {
-		dst[k] = vv
-	}
-	for _, name := range resp.Header.Values("Connection") {
-		for _, f := range splitComma(name) {
-			dst.Del(f)
-		}
-	}
-	for _, k := range hopHeaders {
-		if k != "Content-Length" {
-			delete(dst, k)
-		}
-	}
-	if u.think != transform.ThinkOff && resp.StatusCode < 300 {
-		// The body may change length.
-		delete(dst, "Content-Length")
-	}
-	w.WriteHeader(resp.StatusCode)
 }
 
 // isEventStream reports a text/event-stream response.
