@@ -28,6 +28,8 @@ func init() {
 //	    queue_timeout       <duration>
 //	    retry_after_max     <duration>
 //	    heartbeat_interval  <duration>
+//	    cors                <origin>|* [<origin>...]
+//	    max_rewrite_size    <size>
 //
 //	    provider <id> {
 //	        url                 <base url>
@@ -42,6 +44,7 @@ func init() {
 //	        stream_idle_timeout <duration>
 //	        probe_interval      <duration>
 //	        header              <name> <value>
+//	        forward_headers     <name> [<name>...]
 //	        patch               <patch>
 //	    }
 //
@@ -69,7 +72,8 @@ func init() {
 // opening line says everything: `upstream <id> <provider> <model>`,
 // `model <name> <upstream id>...`. `upstreams` may be repeated; each line
 // appends, and the order is the model's priority order. `header` may be
-// repeated (one header per line). Every other setting may appear once per
+// repeated (one header per line), and so may `forward_headers` (each line
+// appends). Every other setting may appear once per
 // block, and provider, upstream and model ids must be unique.
 //
 // A <duration> is a Go/Caddy duration (`30s`, `1h15m`, `1d`) or an ISO-8601
@@ -190,7 +194,7 @@ func (p *parser) handler() error {
 		case "model":
 			err = p.model()
 		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
-			"max_request_body", "queue_size":
+			"max_request_body", "queue_size", "cors", "max_rewrite_size":
 			if err = seen.once(d, "", name); err != nil {
 				return err
 			}
@@ -230,6 +234,10 @@ func (p *parser) handlerSetting(name string) error {
 		h.QueueSize, err = p.count("", name)
 	case "max_request_body":
 		h.MaxRequestBody, err = p.size("", name)
+	case "max_rewrite_size":
+		h.MaxRewriteSize, err = p.size("", name)
+	case "cors":
+		h.CORS, err = p.args("", name, 1, -1)
 	}
 	return err
 }
@@ -248,7 +256,7 @@ func (p *parser) provider() error {
 	headerLines := map[string]int{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
-		if name != "header" {
+		if name != "header" && name != "forward_headers" {
 			if err := seen.once(d, where, name); err != nil {
 				return err
 			}
@@ -278,6 +286,10 @@ func (p *parser) provider() error {
 			prov.ProbeInterval, err = p.duration(where, name)
 		case "patch":
 			prov.Patch, err = p.patch(where)
+		case "forward_headers": // repeatable: each line appends
+			var names []string
+			names, err = p.args(where, name, 1, -1)
+			prov.ForwardHeaders = append(prov.ForwardHeaders, names...)
 		case "header":
 			var args []string
 			if args, err = p.args(where, name, 2, 2); err != nil {

@@ -621,7 +621,8 @@ func TestFaultRequestHygiene(t *testing.T) {
 	p := startProxy(t, cfg(
 		[]map[string]any{
 			obj("id", "f8-p", "url", up.base(), "key", "{env.LLM_ROUTE_FAULT_KEY}",
-				"headers", map[string]string{"HTTP-Referer": "https://app.example", "X-Title": "fault test"}),
+				"headers", map[string]string{"HTTP-Referer": "https://app.example", "X-Title": "fault test"},
+				"forward_headers", []string{"X-Kept"}),
 			obj("id", "f8-bad", "url", bad.base(), "key", "{env.LLM_ROUTE_FAULT_KEY}"),
 			obj("id", "f8-cred", "url", credURL, "key", "{env.LLM_ROUTE_FAULT_KEY}"),
 		},

@@ -122,8 +122,8 @@ func TestAuthHeaders(t *testing.T) {
 	open := newUpstream(t, nil)
 	p := startProxy(t, cfg(
 		[]map[string]any{
-			obj("id", "pk", "url", keyed.base(), "key", "sk-test-secret-keyed"),
-			obj("id", "po", "url", open.base(), "key", ""),
+			obj("id", "pk", "url", keyed.base(), "key", "sk-test-secret-keyed", "forward_headers", []string{"x-custom-client"}),
+			obj("id", "po", "url", open.base(), "key", "", "forward_headers", []string{"X-Custom-Client"}),
 		},
 		[]map[string]any{
 			obj("id", "uk", "provider", "pk", "model", "k-model"),
@@ -170,7 +170,8 @@ func TestAuthHeaders(t *testing.T) {
 				}
 			}
 		}
-		// Ordinary headers do go through: the absence above is filtering.
+		// A header the provider's forward_headers names goes through: the
+		// absence above is filtering.
 		if got := h.Get("X-Custom-Client"); got != "kept" {
 			t.Errorf("%s: X-Custom-Client = %q, want kept", name, got)
 		}
@@ -494,12 +495,17 @@ func TestOtherPathsFallThrough(t *testing.T) {
 	p.next = []any{obj("handler", "static_response", "status_code", 418, "body", "next handler")}
 	p.load(basicConfig(up, 0))
 
+	// Only paths under an API root ending in /v1 are the handler's (SPEC
+	// §12); the rest, API-looking or not, belong to the next handler.
 	for _, tc := range []struct{ method, path string }{
 		{http.MethodGet, "/healthz"},
-		{http.MethodPost, "/v1/embeddings"},
 		{http.MethodGet, "/"},
-		{http.MethodPost, "/v1/models"},
-		{http.MethodDelete, "/v1/models/m"},
+		{http.MethodPost, "/"},
+		{http.MethodGet, "/assets/models/car.glb"},
+		{http.MethodGet, "/static/3d/models"},
+		{http.MethodPost, "/chat/completions"},
+		{http.MethodPost, "/api/chat/completions"},
+		{http.MethodGet, "/v1x/models"},
 	} {
 		req, _ := http.NewRequest(tc.method, p.URL+tc.path, strings.NewReader(`{"model":"m"}`))
 		resp, err := testClient.Do(req)

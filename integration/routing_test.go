@@ -259,7 +259,7 @@ func TestFailover(t *testing.T) {
 
 func TestNoFailoverOnClientErrors(t *testing.T) {
 	good := newUpstream(t, nil)
-	for _, code := range []int{400, 401, 404, 422} {
+	for _, code := range []int{400, 404, 422} { // 401/403 fail over: TestUpstreamAuthErrors
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%d stream=%v", code, stream), func(t *testing.T) {
 				upstreamBody := fmt.Sprintf(`{"error":{"message":"bad request %d: max_tokens too large","type":"invalid_request_error","param":"max_tokens","code":null}}`, code)

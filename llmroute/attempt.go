@@ -39,10 +39,11 @@ const (
 	resultNetErr    = "net_err"
 	resultTimeout   = "timeout"
 	resultCancelled = "cancelled"
+	resultAuthErr   = "auth_err" // upstream 401/403: the operator's key was refused
 )
 
 // allResults lists every result label.
-var allResults = []string{resultOK, result4xx, result429, result402, result5xx, resultNetErr, resultTimeout, resultCancelled}
+var allResults = []string{resultOK, result4xx, result429, result402, result5xx, resultNetErr, resultTimeout, resultCancelled, resultAuthErr}
 
 // attemptResult is what one attempt reports to the failover loop.
 type attemptResult struct {
@@ -125,7 +126,7 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 		// request_timeout. When the window passes, the attempt is cancelled
 		// and the connection dropped instead of reused.
 		w8.arm(drainTimeout, codeDrain)
-		drain(resp.Body)
+		h.drainFailed(u, resp)
 		w8.stop()
 		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
 	}

@@ -1,17 +1,29 @@
 package llmroute
 
 import (
+	"io"
 	"net/http"
+	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// failoverStatus reports statuses that count as upstream failures.
+// failoverStatus reports statuses that count as upstream failures. 401 and
+// 403 are among them (SPEC §12): the client's credentials never go
+// upstream, so a refusal is about the operator's key, and another upstream
+// may well take the request.
 func failoverStatus(code int) bool {
-	return code >= 500 || code == http.StatusTooManyRequests || code == http.StatusPaymentRequired
+	return code >= 500 || code == http.StatusTooManyRequests || code == http.StatusPaymentRequired ||
+		authStatus(code)
+}
+
+// authStatus reports an upstream refusing the operator's credentials.
+func authStatus(code int) bool {
+	return code == http.StatusUnauthorized || code == http.StatusForbidden
 }
 
 // statusResult maps a response status to its metric result.
@@ -21,6 +33,8 @@ func statusResult(code int) string {
 		return result429
 	case code == http.StatusPaymentRequired:
 		return result402
+	case authStatus(code):
+		return resultAuthErr
 	case code >= 500:
 		return result5xx
 	case code >= 400:
@@ -79,4 +93,44 @@ func parseRetryAfter(hdr http.Header, now time.Time) (time.Duration, bool) {
 		return t.Sub(now), true
 	}
 	return 0, false
+}
+
+// maxAuthLog bounds how much of a 401/403 body goes to the log.
+const maxAuthLog = 1 << 10
+
+// drainFailed drains a failed response like drain. A 401/403's body says
+// why the operator's key was refused; the client never sees it (it could
+// name the account), so its head goes to the log, with anything
+// key-shaped redacted.
+func (h *Handler) drainFailed(u *upstream, resp *http.Response) {
+	if !authStatus(resp.StatusCode) {
+		drain(resp.Body)
+		return
+	}
+	var head [maxAuthLog]byte
+	n, _ := io.ReadFull(resp.Body, head[:])
+	drain(resp.Body)
+	if c := h.logger.Check(zapcore.WarnLevel, "upstream refused the provider key"); c != nil {
+		c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
+			zap.String("body", redactSecrets(string(head[:n]), u.auth)))
+	}
+}
+
+// keyShaped matches what API keys and bearer tokens look like (sk-…,
+// sk-ant-…, AIza…, "Bearer …", long opaque tokens), so an upstream that
+// echoes a key in its error never puts it in the log.
+var keyShaped = regexp.MustCompile(`(?i)(bearer\s+)[^\s"',]+|\b(sk|rk|pk)[-_][A-Za-z0-9_\-*.]{6,}|\bAIza[A-Za-z0-9_\-]{10,}|\b[A-Za-z0-9_\-]{32,}\b`)
+
+// redactSecrets removes the provider key (auth is "Bearer <key>" or "") and
+// anything key-shaped from s.
+func redactSecrets(s, auth string) string {
+	if key := strings.TrimPrefix(auth, "Bearer "); key != "" {
+		s = strings.ReplaceAll(s, key, "[redacted]")
+	}
+	return keyShaped.ReplaceAllStringFunc(s, func(m string) string {
+		if len(m) > 7 && strings.EqualFold(m[:7], "bearer ") {
+			return m[:7] + "[redacted]"
+		}
+		return "[redacted]"
+	})
 }

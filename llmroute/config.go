@@ -41,6 +41,13 @@ type Provider struct {
 	// replace Authorization (use Key).
 	Headers map[string]string `json:"headers,omitempty"`
 
+	// ForwardHeaders names client request headers that reach this
+	// provider as well as the built-in allow-list (content negotiation,
+	// User-Agent, OpenAI-Beta, anthropic-version/-beta, x-stainless-*), e.g.
+	// `X-Request-Id` or `traceparent`. Every other client header stays
+	// behind. Default: none.
+	ForwardHeaders []string `json:"forward_headers,omitempty"`
+
 	// SessionHeader, if set, names a request header that the proxy always sets
 	// (overwriting the client's value) to a session id computed from the
 	// message history, for APIs that want a stable session id

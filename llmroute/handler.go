@@ -72,6 +72,19 @@ type Handler struct {
 	// Default 15s; 0 disables.
 	HeartbeatInterval *Duration `json:"heartbeat_interval,omitempty"`
 
+	// CORS lists the browser origins allowed to call the API paths, e.g.
+	// `["https://app.example.com"]`; `["*"]` allows any origin. A listed
+	// origin gets `Access-Control-Allow-Origin` echoing it (with
+	// `Vary: Origin`) and its preflight `OPTIONS` is answered 204; an origin
+	// not listed gets no CORS headers and its preflight 403. Default: none
+	// (no CORS headers; `OPTIONS` on an API path is 405).
+	CORS []string `json:"cors,omitempty"`
+
+	// MaxRewriteSize bounds what think_tags rewriting buffers: a non-stream
+	// body, or one SSE event of a stream. Anything larger passes through
+	// unrewritten, with a warning in the log. Default 16 MiB.
+	MaxRewriteSize int64 `json:"max_rewrite_size,omitempty"`
+
 	ctx       caddy.Context
 	logger    *zap.Logger
 	metrics   *routeMetrics
@@ -88,6 +101,11 @@ type Handler struct {
 	retryAfterMax  time.Duration
 	heartbeat      time.Duration
 	maxBody        int64
+	maxRewrite     int64
+
+	corsAny     bool     // cors lists "*"
+	corsOrigins []string // the other listed origins
+	watchKeys   []string // top-level keys checked for duplicates (transform.ParseRequestKeys)
 
 	stopProber chan struct{}
 	proberDone chan struct{}

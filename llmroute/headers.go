@@ -3,33 +3,35 @@ package llmroute
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
-// hopHeaders are hop-by-hop headers (RFC 9110 §7.6.1) and framing headers
-// that the transport sets itself.
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Te", "Trailer",
-	"Transfer-Encoding", "Upgrade", "Content-Length", "Host", "Expect"}
+// hopHeaders are the hop-by-hop headers of Caddy's reverse_proxy
+// (reverseproxy.go), one list for both directions. Alt-Svc is among them: an
+// upstream's alternative services are not this server's, and copying it
+// would replace the Alt-Svc Caddy itself advertises (HTTP/3).
+var hopHeaders = []string{"Alt-Svc", "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
-// upstreamRequest builds the outgoing request: the client's headers minus
-// credentials and hop-by-hop ones, the provider's key and static headers,
-// and the session header.
+// upstreamRequest builds the outgoing request: the allow-listed client
+// headers (see forwardable), the forwarding headers, the provider's key and
+// static headers, and the session header.
 func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, out []byte, body io.ReadCloser) *http.Request {
 	hdr := make(http.Header, len(r.Header)+4)
+	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
-		if !forwardable(k) {
+		if !u.forwardable(k) || conn != nil && listed(conn, k) {
 			continue
 		}
 		hdr[k] = vv // read-only from here on: sharing the slices is safe
 	}
-	for _, name := range r.Header["Connection"] {
-		for _, f := range splitComma(name) {
-			delete(hdr, http.CanonicalHeaderKey(f))
-		}
-	}
+	setForwarded(hdr, r)
 	if u.think != transform.ThinkOff {
 		// The response is rewritten, so it must come uncompressed.
 		hdr.Set("Accept-Encoding", "identity")
@@ -58,48 +60,120 @@ func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstr
 	return req.WithContext(ctx) // one allocation: req itself stays on the stack
 }
 
-// forwardable reports whether a client request header may go upstream:
-// not a credential, not hop-by-hop.
-func forwardable(k string) bool {
+// forwardable reports whether a client request header (canonical name) may
+// go upstream. It is an allow-list (SPEC §12): content negotiation, the
+// client's identity and the API-version selectors SDKs send, plus the
+// provider's forward_headers. Everything else stays behind — credentials
+// (Authorization, X-Api-Key, X-Goog-Api-Key, X-Auth-Token, cookies), billing
+// selectors (OpenAI-Organization, OpenAI-Project) and client-made
+// forwarding headers (Forwarded, X-Real-Ip, X-Forwarded-*; the proxy sets
+// its own) — so a client can never choose what the operator's key pays for.
+func (u *upstream) forwardable(k string) bool {
 	switch k {
-	case "Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
-		"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Te", "Trailer",
-		"Transfer-Encoding", "Upgrade", "Content-Length", "Host", "Expect":
-		return false
+	case "Accept", "Accept-Encoding", "Accept-Language", "Accept-Charset",
+		"User-Agent", "Openai-Beta", "Anthropic-Version", "Anthropic-Beta":
+		return true
 	}
-	return true
-}
-
-func splitComma(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
+	if strings.HasPrefix(k, "X-Stainless-") {
+		return true // the SDKs' own telemetry: language, retry count, timeout
+	}
+	for _, f := range u.forward {
+		if f == k {
+			return true
 		}
 	}
-	return out
+	return false
+}
+
+// setForwarded sets X-Forwarded-For, -Proto and -Host as Caddy's
+// reverse_proxy does (addForwardedHeaders): the client's own values are kept
+// only when the peer is one of the server's trusted_proxies; otherwise the
+// proxy states what it saw itself.
+func setForwarded(hdr http.Header, r *http.Request) {
+	trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool)
+	clientIP := ""
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		clientIP, _, _ = strings.Cut(host, "%") // an IPv6 zone is not part of the address
+	}
+	prior := strings.Join(r.Header["X-Forwarded-For"], ", ")
+	switch {
+	case trusted && prior != "" && clientIP != "":
+		hdr["X-Forwarded-For"] = []string{prior + ", " + clientIP}
+	case trusted && prior != "":
+		hdr["X-Forwarded-For"] = []string{prior}
+	case clientIP != "":
+		hdr["X-Forwarded-For"] = []string{clientIP}
+	}
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	if v := lastValue(r.Header, "X-Forwarded-Proto"); trusted && v != "" {
+		proto = v
+	}
+	hdr["X-Forwarded-Proto"] = []string{proto}
+	host := r.Host
+	if v := lastValue(r.Header, "X-Forwarded-Host"); trusted && v != "" {
+		host = v
+	}
+	if host != "" {
+		hdr["X-Forwarded-Host"] = []string{host}
+	}
+}
+
+// lastValue is the last value of a header, or "".
+func lastValue(hdr http.Header, k string) string {
+	if vv := hdr[k]; len(vv) > 0 {
+		return vv[len(vv)-1]
+	}
+	return ""
+}
+
+// listed reports whether a Connection header's values name k: such a
+// header is hop-by-hop for this message (RFC 9110 §7.6.1).
+func listed(conn []string, k string) bool {
+	for _, v := range conn {
+		for v != "" {
+			var tok string
+			tok, v, _ = strings.Cut(v, ",")
+			if strings.EqualFold(strings.TrimSpace(tok), k) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // writeResponseHeader copies the upstream's status and headers, minus
-// hop-by-hop ones.
+// hop-by-hop ones, onto what Caddy and earlier handlers already set. Headers
+// the proxy owns (its CORS answer) are not replaced by the upstream's.
 func (h *Handler) writeResponseHeader(w http.ResponseWriter, resp *http.Response, u *upstream, t *target) {
 	dst := w.Header()
+	cors := dst["Access-Control-Allow-Origin"] != nil
+	conn := resp.Header["Connection"]
 	for k, vv := range resp.Header {
+		if isHopHeader(k) || conn != nil && listed(conn, k) || cors && strings.HasPrefix(k, "Access-Control-") {
+			continue
+		}
+		if k == "Vary" && cors {
+			dst[k] = append(append([]string(nil), vv...), dst[k]...)
+			continue
+		}
 		dst[k] = vv
-	}
-	for _, name := range resp.Header.Values("Connection") {
-		for _, f := range splitComma(name) {
-			dst.Del(f)
-		}
-	}
-	for _, k := range hopHeaders {
-		if k != "Content-Length" {
-			delete(dst, k)
-		}
 	}
 	if u.think != transform.ThinkOff && resp.StatusCode < 300 {
 		// The body may change length.
 		delete(dst, "Content-Length")
 	}
 	w.WriteHeader(resp.StatusCode)
+}
+
+// isHopHeader reports one of hopHeaders (canonical name).
+func isHopHeader(k string) bool {
+	for _, hop := range hopHeaders {
+		if hop == k {
+			return true
+		}
+	}
+	return false
 }

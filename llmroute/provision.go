@@ -42,6 +42,7 @@ type upstream struct {
 	target     *url.URL // url, parsed once
 	auth       string   // "Bearer <key>", or "" for no Authorization header
 	headers    [][2]string
+	forward    []string // provider forward_headers, canonical
 	sessionHdr string
 
 	limit         int64 // unlimited when none is configured
@@ -83,6 +84,7 @@ type route struct {
 	targets      []target
 	queueSize    int
 	queueTimeout time.Duration // 0 = until the client goes away
+	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
 }
 
 // Provision resolves the config, adopts shared state and starts the prober.
@@ -161,6 +163,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.routes[rt.name] = rt
 		h.modelList = append(h.modelList, rt.name)
+	}
+	if err := h.provisionRequests(); err != nil {
+		return err
 	}
 	h.created = time.Now().Unix()
 	h.modelsBody = modelsListBody(h.modelList, h.created)

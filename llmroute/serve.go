@@ -20,28 +20,48 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
-// ServeHTTP routes chat completions and answers the model list; anything
-// else goes to the next handler.
+// ServeHTTP answers the API paths (see front) and passes every other
+// request to the next handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	path := r.URL.Path
-	switch {
-	case strings.HasSuffix(path, "/chat/completions"):
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
-				message: "use POST for chat completions"}.write(w)
-			return nil
-		}
+	f, allow, id := classifyPath(r.URL.Path, false)
+	if f == frontNone && mountedPath(r) {
+		f, allow, id = classifyPath(r.URL.Path, true)
+	}
+	if f == frontNone {
+		return next.ServeHTTP(w, r)
+	}
+	if (h.corsAny || len(h.corsOrigins) > 0) && h.cors(w, r) {
+		return nil
+	}
+	if f == frontUnsupported || f >= frontMessages {
+		errUnsupported.write(w)
+		return nil
+	}
+	if !methodAllowed(allow, r.Method) {
+		w.Header().Set("Allow", allow)
+		errMethod(allow).write(w)
+		return nil
+	}
+	switch f {
+	case frontChat:
 		return h.serveChat(w, r)
-	case r.Method == http.MethodGet || r.Method == http.MethodHead:
-		if strings.HasSuffix(path, "/models") {
-			return h.serveModels(w)
-		}
-		if i := strings.LastIndex(path, "/models/"); i >= 0 {
-			return h.serveModel(w, path[i+len("/models/"):])
+	case frontModels:
+		return h.serveModels(w)
+	default:
+		return h.serveModel(w, id)
+	}
+}
+
+// methodAllowed reports whether method is in the comma-separated allow.
+func methodAllowed(allow, method string) bool {
+	for allow != "" {
+		var m string
+		m, allow, _ = strings.Cut(allow, ",")
+		if strings.TrimSpace(m) == method {
+			return true
 		}
 	}
-	return next.ServeHTTP(w, r)
+	return false
 }
 
 // serveChat is the request path: read → parse → admit → attempt (failing
@@ -54,11 +74,14 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 		apiErr.write(w)
 		return nil
 	}
-	model, stream, err := transform.ParseRequest(body)
+	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys)
 	if err != nil {
-		if errors.Is(err, transform.ErrNoModel) {
+		switch {
+		case errors.Is(err, transform.ErrNoModel):
 			errNoModel.write(w)
-		} else {
+		case errors.Is(err, transform.ErrDuplicateKey):
+			errDuplicateKey.write(w)
+		default:
 			errBadJSON.write(w)
 		}
 		return nil
@@ -66,6 +89,12 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 	rt := h.routes[model]
 	if rt == nil {
 		errUnknownModel(model).write(w)
+		return nil
+	}
+	if dups&rt.dupKeys != 0 {
+		// A key this model's patches write appears twice: the upstream might
+		// read the client's copy instead of the patched one.
+		errDuplicateKey.write(w)
 		return nil
 	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
@@ -105,7 +134,7 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
 				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
 			}
-			errAllFailed.write(w)
+			h.allFailed(rt, failures).write(w)
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {
@@ -114,6 +143,25 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 		}
 		idx = next
 	}
+}
+
+// allFailed is the answer when no upstream is left: 502 when every attempt
+// was refused for the operator's credentials (401/403: retrying cannot
+// help), else 503 with Retry-After saying when the first upstream leaves the
+// cooling these very failures may have started (SPEC §12), at least 1 s.
+func (h *Handler) allFailed(rt *route, failures []attemptRecord) apiError {
+	auth := true
+	for _, f := range failures {
+		auth = auth && f.result == resultAuthErr
+	}
+	if auth {
+		return errUpstreamAuth
+	}
+	e := errAllFailed
+	if soonest, allCooling := soonestBack(rt, time.Now()); allCooling {
+		e.retryAfter = max(int(math.Ceil(soonest.Seconds())), 1)
+	}
+	return e
 }
 
 // errClientGone marks an admission that ended because the client left.
@@ -256,20 +304,28 @@ func appendModelObject(b []byte, name string, created int64) []byte {
 	return append(b, `,"owned_by":"llm_route"}`...)
 }
 
-// readBody reads the whole request body into buf, bounded by limit.
+// readBody reads the whole request body into buf, bounded by limit. A body
+// cut by a tighter bound before this handler (Caddy's request_body
+// max_size) is a 413 naming that bound, not a read error.
 func readBody(r *http.Request, limit int64, buf *bytes.Buffer) ([]byte, *apiError) {
 	if r.ContentLength > limit {
-		return nil, &errTooLarge
+		e := errTooLarge(limit)
+		return nil, &e
 	}
 	if r.ContentLength > 0 {
 		buf.Grow(int(r.ContentLength))
 	}
 	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
 	if err != nil {
+		if mbe, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			e := errTooLarge(mbe.Limit)
+			return nil, &e
+		}
 		return nil, &errReadBody
 	}
 	if n > limit {
-		return nil, &errTooLarge
+		e := errTooLarge(limit)
+		return nil, &e
 	}
 	return buf.Bytes(), nil
 }

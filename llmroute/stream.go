@@ -22,10 +22,6 @@ type streamErr struct {
 	code   string
 }
 
-// maxRewriteBody bounds how much of a non-stream response is buffered for
-// think-tag rewriting; a larger body passes through untouched.
-const maxRewriteBody = 16 << 20
-
 // copyResponse sends the upstream response body to the client: byte for
 // byte, or through the think-tag rewriter. first holds bytes already read
 // (streams read their first chunk before committing), firstErr the error
@@ -62,7 +58,8 @@ func (h *Handler) copyResponse(w http.ResponseWriter, r *http.Request, ctx conte
 	var rw *transform.StreamRewriter
 	if rewrite {
 		rw = getRewriter(u.think, out.queueEvent)
-		defer putRewriter(rw)
+		rw.SetMaxEventSize(int(h.maxRewrite))
+		defer h.putRewriter(u, rw)
 		sink = batch{rw, out}
 	}
 	err := pump(sink, resp.Body, first, firstErr, buf, w8)
@@ -155,7 +152,7 @@ func (h *Handler) copyCompletion(w http.ResponseWriter, r *http.Request, resp *h
 	defer putBuffer(bb)
 	bb.Write(first)
 	if firstErr == nil {
-		if _, err := bb.ReadFrom(io.LimitReader(resp.Body, maxRewriteBody+1)); err != nil {
+		if _, err := bb.ReadFrom(io.LimitReader(resp.Body, h.maxRewrite+1)); err != nil {
 			if r.Context().Err() != nil {
 				return &streamErr{result: resultCancelled}
 			}
@@ -164,8 +161,9 @@ func (h *Handler) copyCompletion(w http.ResponseWriter, r *http.Request, resp *h
 		}
 	}
 	body := bb.Bytes()
-	if len(body) > maxRewriteBody {
+	if int64(len(body)) > h.maxRewrite {
 		// Too big to rewrite: pass it on as it is.
+		h.warnTooBig(u, 1)
 		if _, err := w.Write(body); err != nil {
 			return &streamErr{result: resultCancelled}
 		}

@@ -383,7 +383,7 @@ func FuzzRewriteRequest(f *testing.F) {
 		e.ReasoningEmptyOK = opts&2 != 0
 		_, _, perr := ParseRequest(body)
 		out, err := RewriteRequest(nil, body, e) // must not panic either way
-		if perr == ErrBadJSON {
+		if perr == ErrBadJSON || perr == ErrDuplicateKey {
 			return
 		}
 		if err != nil {

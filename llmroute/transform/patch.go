@@ -113,6 +113,18 @@ func (p *Patch) index(key string) int {
 	return -1
 }
 
+// Keys returns the top-level keys p writes, in patch order.
+func (p *Patch) Keys() []string {
+	if p == nil {
+		return nil
+	}
+	keys := make([]string, len(p.ops))
+	for i := range p.ops {
+		keys[i] = p.ops[i].key
+	}
+	return keys
+}
+
 // has reports whether p has an operation on the top-level key.
 func (p *Patch) has(key string) bool { return p.index(key) >= 0 }
 

@@ -5,47 +5,101 @@ import (
 	"errors"
 )
 
-// Errors returned by ParseRequest. The handler maps both to a 400 response.
+// Errors returned by ParseRequest. The handler maps them to 400 responses.
 var (
 	// ErrBadJSON means the body is not a single valid JSON object.
 	ErrBadJSON = errors.New("request body is not a valid JSON object")
 	// ErrNoModel means the body has no top-level "model" string.
 	ErrNoModel = errors.New(`request body has no "model" string`)
+	// ErrDuplicateKey means the body repeats a top-level key the proxy reads
+	// ("model", "stream", "messages"). Parsers disagree on which duplicate
+	// wins, so the proxy could route one model while the upstream serves
+	// another on the operator's key.
+	ErrDuplicateKey = errors.New("request body repeats a top-level key")
 )
 
 // ParseRequest validates that body is a single JSON object, with the same
 // strictness as encoding/json's json.Valid, and returns its top-level "model"
 // (which must be a JSON string) and whether its top-level "stream" is JSON true.
-// When a key is repeated, the last occurrence counts, as in encoding/json.
-// Invalid JSON or a non-object is ErrBadJSON; a missing or non-string model is
-// ErrNoModel. The model's only allocation is the returned string.
+// Invalid JSON or a non-object is ErrBadJSON; a repeated "model", "stream" or
+// "messages" is ErrDuplicateKey; a missing or non-string model is ErrNoModel.
+// The model's only allocation is the returned string.
 func ParseRequest(body []byte) (model string, stream bool, err error) {
+	model, stream, _, err = ParseRequestKeys(body, nil)
+	return model, stream, err
+}
+
+// ParseRequestKeys is ParseRequest that also watches more top-level keys, in
+// the same single pass: bit i of dups is set when watch[i] occurs more than
+// once (watch entries from index 63 on share bit 63). The caller decides
+// which of them matter (the keys the chosen route's patches write).
+func ParseRequestKeys(body []byte, watch []string) (model string, stream bool, dups uint64, err error) {
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
-		return "", false, ErrBadJSON
+		return "", false, 0, ErrBadJSON
 	}
 	it := iterObject(body, i, true)
 	var m member
 	ms, me := -1, -1
+	var seen, seenW uint64
+	const seenStream, seenMessages = 1 << 0, 1 << 1
+	dup := false
+	var tmp [64]byte
 	for it.next(&m) {
-		if keyIs(body, &m, "model") {
-			ms, me = m.vs, m.ve
-		} else if keyIs(body, &m, "stream") {
-			stream = string(body[m.vs:m.ve]) == "true"
+		key := body[m.ks:m.ke]
+		if m.kesc {
+			key = appendUnescape(tmp[:0], key)
 		}
+		switch string(key) {
+		case "model":
+			dup = dup || ms >= 0
+			ms, me = m.vs, m.ve
+			continue
+		case "stream":
+			dup = dup || seen&seenStream != 0
+			seen |= seenStream
+			stream = string(body[m.vs:m.ve]) == "true"
+			continue
+		case "messages":
+			dup = dup || seen&seenMessages != 0
+			seen |= seenMessages
+			continue
+		}
+		dups = watchKey(dups, &seenW, watch, key)
 	}
 	if !it.ok || skipWS(body, it.i) != len(body) {
-		return "", false, ErrBadJSON
+		return "", false, 0, ErrBadJSON
+	}
+	if dup {
+		return "", stream, dups, ErrDuplicateKey
 	}
 	if ms < 0 || body[ms] != '"' {
-		return "", stream, ErrNoModel
+		return "", stream, dups, ErrNoModel
 	}
 	raw := body[ms+1 : me-1]
 	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw), stream, nil
+		return string(raw), stream, dups, nil
 	}
-	var tmp [128]byte
-	return string(appendUnescape(tmp[:0], raw)), stream, nil
+	var mtmp [128]byte
+	return string(appendUnescape(mtmp[:0], raw)), stream, dups, nil
+}
+
+// watchKey marks key in seen when it is watched and returns dups with its
+// bit set when it was seen before. Past 63 watched keys the bits are shared,
+// which can only report a duplicate too many, never one too few.
+func watchKey(dups uint64, seen *uint64, watch []string, key []byte) uint64 {
+	for i, w := range watch {
+		if w != string(key) {
+			continue
+		}
+		bit := uint64(1) << min(i, 63)
+		if *seen&bit != 0 {
+			dups |= bit
+		}
+		*seen |= bit
+		break
+	}
+	return dups
 }
 
 // RequestEdit is everything done to an outgoing request body, precomputed per

@@ -2,6 +2,7 @@ package transform
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -18,8 +19,11 @@ func TestParseRequest(t *testing.T) {
 		{` {"stream":true,"model":"m"} `, "m", true, nil},
 		{`{"model":"m","stream":"true"}`, "m", false, nil},
 		{`{"model":"m","stream":1}`, "m", false, nil},
-		{`{"model":"m","stream":true,"stream":false}`, "m", false, nil},
-		{`{"model":"a","model":"b"}`, "b", false, nil},
+		{`{"model":"m","stream":true,"stream":false}`, "", false, ErrDuplicateKey},
+		{`{"model":"a","model":"b"}`, "", false, ErrDuplicateKey},
+		{`{"model":"a","mod\u0065l":"b"}`, "", false, ErrDuplicateKey},
+		{`{"model":"a","messages":[],"x":1,"messages":[]}`, "", false, ErrDuplicateKey},
+		{`{"model":"a","temperature":1,"temperature":2}`, "a", false, nil}, // not read, not watched here
 		{`{"mod\u0065l":"\u00e9\n"}`, "é\n", false, nil},
 		{`{"model":"x","nested":{"model":1,"stream":true}}`, "x", false, nil},
 		{`{"messages":[]}`, "", false, ErrNoModel},
@@ -53,6 +57,37 @@ func TestParseRequest(t *testing.T) {
 		if (err != ErrBadJSON) != (isObj && json.Valid([]byte(c.body))) {
 			t.Errorf("ParseRequest(%q) disagrees with json.Valid", c.body)
 		}
+	}
+}
+
+// TestParseRequestKeys: watched keys report their duplicates as bits, in
+// the same pass, and unwatched duplicates are ignored.
+func TestParseRequestKeys(t *testing.T) {
+	watch := []string{"temperature", "provider", "max_tokens"}
+	cases := []struct {
+		body string
+		dups uint64
+	}{
+		{`{"model":"m","temperature":1,"provider":{}}`, 0},
+		{`{"model":"m","temperature":1,"temperature":2}`, 1},
+		{`{"model":"m","provider":{},"x":1,"provider":[],"max_tokens":1,"max_tokens":2}`, 2 | 4},
+		{`{"model":"m","tempera\u0074ure":1,"temperature":2}`, 1},
+		{`{"model":"m","top_p":1,"top_p":2}`, 0},
+		{`{"model":"m","nested":{"temperature":1,"temperature":2}}`, 0},
+	}
+	for _, c := range cases {
+		model, _, dups, err := ParseRequestKeys([]byte(c.body), watch)
+		if err != nil || model != "m" || dups != c.dups {
+			t.Errorf("ParseRequestKeys(%s) = %q, %b, %v; want m, %b", c.body, model, dups, err, c.dups)
+		}
+	}
+	// Past 63 watched keys bits are shared: a duplicate is never missed.
+	many := make([]string, 70)
+	for i := range many {
+		many[i] = fmt.Sprintf("k%d", i)
+	}
+	if _, _, dups, _ := ParseRequestKeys([]byte(`{"model":"m","k69":1,"k69":2}`), many); dups&(1<<63) == 0 {
+		t.Errorf("duplicate of the 70th watched key missed: %b", dups)
 	}
 }
 

@@ -5,10 +5,13 @@ import (
 	"errors"
 )
 
-// MaxEventSize bounds the memory a StreamRewriter buffers for one SSE event.
-// A bigger event is passed through untouched: buffering stops, its bytes are
-// forwarded as they arrive, and parsing resumes at the next event boundary.
-const MaxEventSize = 1 << 20
+// MaxEventSize is the default bound of the memory a StreamRewriter buffers
+// for one SSE event (SetMaxEventSize changes it per stream). A bigger event
+// is passed through untouched: buffering stops, its bytes are forwarded as
+// they arrive, and parsing resumes at the next event boundary. It matches
+// the handler's bound for a whole non-stream body, so a completion is
+// rewritten the same whether it streams or not.
+const MaxEventSize = 16 << 20
 
 // maxChoices bounds the per-choice splitter states one stream keeps; choices
 // with further indexes pass through unsplit.
@@ -71,6 +74,7 @@ type StreamRewriter struct {
 	mode ThinkMode
 	emit func([]byte) error
 	max  int
+	over int // events passed through because they exceeded max
 	err  error
 	done bool // Close was called
 
@@ -108,7 +112,7 @@ func NewStreamRewriter(mode ThinkMode, emit func(event []byte) error) *StreamRew
 // buffers (except any that grew past 64 KiB, so pooled rewriters stay small)
 // for reuse through a sync.Pool.
 func (s *StreamRewriter) Reset(mode ThinkMode, emit func([]byte) error) {
-	s.mode, s.emit, s.max = mode, emit, MaxEventSize
+	s.mode, s.emit, s.max, s.over = mode, emit, MaxEventSize, 0
 	s.err, s.done, s.skipping, s.inP, s.run = nil, false, false, false, nil
 	s.sc.reset()
 	s.buf = trim(s.buf)
@@ -119,6 +123,18 @@ func (s *StreamRewriter) Reset(mode ThinkMode, emit func([]byte) error) {
 	s.join, s.dec, s.cbuf, s.rbuf = trim(s.join), trim(s.dec), trim(s.cbuf), trim(s.rbuf)
 	s.held, s.pay, s.out = trim(s.held), trim(s.pay), trim(s.out)
 }
+
+// SetMaxEventSize sets the bound of one buffered event for this stream
+// (until the next Reset); n <= 0 keeps MaxEventSize.
+func (s *StreamRewriter) SetMaxEventSize(n int) {
+	if n > 0 {
+		s.max = n
+	}
+}
+
+// Oversized returns how many events of this stream exceeded the bound and
+// went through unrewritten.
+func (s *StreamRewriter) Oversized() int { return s.over }
 
 // trim empties b, dropping it if a huge event made it grow, so pooled
 // rewriters do not pin megabytes.
@@ -156,6 +172,7 @@ func (s *StreamRewriter) Write(p []byte) (int, error) {
 		case !complete:
 			if len(s.buf)+len(p) > s.max {
 				// Oversized: forward what we have and the rest as it comes.
+				s.over++
 				s.raw(s.buf)
 				s.pass(p)
 				s.buf = s.buf[:0]
@@ -166,6 +183,7 @@ func (s *StreamRewriter) Write(p []byte) (int, error) {
 		case len(s.buf) == 0:
 			s.event(p[:end]) // zero copy
 		case len(s.buf)+end > s.max:
+			s.over++
 			s.raw(s.buf)
 			s.pass(p[:end])
 			s.buf = s.buf[:0]
@@ -260,6 +278,7 @@ func (s *StreamRewriter) flushRun() {
 // event processes one complete event (or a trailing partial one at Close).
 func (s *StreamRewriter) event(ev []byte) {
 	if len(ev) > s.max {
+		s.over++
 		s.pass(ev)
 		return
 	}

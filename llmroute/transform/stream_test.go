@@ -247,7 +247,7 @@ func TestStreamOversizedEvent(t *testing.T) {
 	var out bytes.Buffer
 	emits := 0
 	s := NewStreamRewriter(ThinkSplit, func(ev []byte) error { emits++; out.Write(ev); return nil })
-	s.max = 100
+	s.SetMaxEventSize(100)
 	big := `data: {"choices":[{"index":0,"delta":{"content":"<think>` + strings.Repeat("x", 200) + `</think>"}}]}` + "\n\n"
 	small := `data: {"choices":[{"index":0,"delta":{"content":"<think>a</think>b"}}]}` + "\n\n"
 	in := big + small
@@ -263,14 +263,38 @@ func TestStreamOversizedEvent(t *testing.T) {
 	if out.String() != want {
 		t.Fatalf("got  %q\nwant %q", out.String(), want)
 	}
+	if n := s.Oversized(); n != 1 {
+		t.Errorf("Oversized() = %d, want 1", n)
+	}
 	// A complete oversized event arriving in one write also passes raw.
 	out.Reset()
 	s.Reset(ThinkSplit, func(ev []byte) error { out.Write(ev); return nil })
-	s.max = 100
+	if s.Oversized() != 0 || s.max != MaxEventSize {
+		t.Fatalf("Reset kept the bound or the count: max %d, oversized %d", s.max, s.Oversized())
+	}
+	s.SetMaxEventSize(100)
 	s.Write([]byte(big))
 	s.Close()
-	if out.String() != big {
-		t.Fatalf("got %q", out.String())
+	if out.String() != big || s.Oversized() != 1 {
+		t.Fatalf("got %q, oversized %d", out.String(), s.Oversized())
+	}
+}
+
+// TestStreamRewritesEventsUpToTheBound: an event of several MiB (a long
+// answer in one chunk, SPEC §6 with issue 10 item 14) is rewritten under the
+// default bound; the old 1 MiB bound passed it through with its tags.
+func TestStreamRewritesEventsUpToTheBound(t *testing.T) {
+	var out bytes.Buffer
+	s := NewStreamRewriter(ThinkSplit, func(ev []byte) error { out.Write(ev); return nil })
+	text := strings.Repeat("y", 3<<20)
+	ev := `data: {"choices":[{"index":0,"delta":{"content":"<think>r</think>` + text + `"}}]}` + "\n\n"
+	for i := 0; i < len(ev); i += 32 << 10 {
+		s.Write([]byte(ev[i:min(i+32<<10, len(ev))]))
+	}
+	s.Close()
+	want := `data: {"choices":[{"index":0,"delta":{"content":"` + text + `","reasoning_content":"r"}}]}` + "\n\n"
+	if out.String() != want || s.Oversized() != 0 {
+		t.Fatalf("a %d-byte event was not rewritten (oversized %d): starts %.120q", len(ev), s.Oversized(), out.String())
 	}
 }
 
