@@ -1,0 +1,103 @@
+package llmroute
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		hdr  http.Header
+		want time.Duration
+		ok   bool
+	}{
+		{http.Header{}, 0, false},
+		{http.Header{"Retry-After": {"15"}}, 15 * time.Second, true},
+		{http.Header{"Retry-After": {"0"}}, 0, true},
+		{http.Header{"Retry-After": {"1.5"}}, 1500 * time.Millisecond, true},
+		{http.Header{"Retry-After": {"-3"}}, 0, false},
+		{http.Header{"Retry-After": {"1e10"}}, 0, false},
+		{http.Header{"Retry-After": {"soon"}}, 0, false},
+		{http.Header{"Retry-After": {now.Add(90 * time.Second).Format(http.TimeFormat)}}, 90 * time.Second, true},
+		{http.Header{"Retry-After": {now.Add(-time.Minute).Format(http.TimeFormat)}}, -time.Minute, true},
+		{http.Header{"Retry-After-Ms": {"250"}, "Retry-After": {"9"}}, 250 * time.Millisecond, true},
+		{http.Header{"Retry-After-Ms": {"x"}, "Retry-After": {"9"}}, 9 * time.Second, true},
+		{http.Header{"Retry-After-Ms": {"-1"}}, 0, false},
+	} {
+		got, ok := parseRetryAfter(tc.hdr, now)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("parseRetryAfter(%v) = %v, %v; want %v, %v", tc.hdr, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestStatusClassification(t *testing.T) {
+	for _, tc := range []struct {
+		code     int
+		failover bool
+		result   string
+	}{
+		{200, false, "ok"}, {204, false, "ok"}, {400, false, "4xx"}, {404, false, "4xx"}, {422, false, "4xx"},
+		{401, true, "auth_err"}, {403, true, "auth_err"}, {402, true, "402"}, {429, true, "429"},
+		{500, true, "5xx"}, {503, true, "5xx"}, {529, true, "5xx"},
+	} {
+		if got := failoverStatus(tc.code); got != tc.failover {
+			t.Errorf("failoverStatus(%d) = %v", tc.code, got)
+		}
+		if got := statusResult(tc.code); got != tc.result {
+			t.Errorf("statusResult(%d) = %q, want %q", tc.code, got, tc.result)
+		}
+	}
+}
+
+func TestRedactSecrets(t *testing.T) {
+	in := `{"error":{"message":"Incorrect API key provided: sk-proj-abc123DEF456. Header Bearer tok.en-1 or AIzaSyA1234567890abcdef or op-key-literal, account acme"}}`
+	got := redactSecrets(in, "Bearer op-key-literal")
+	for _, secret := range []string{"sk-proj-abc123DEF456", "tok.en-1", "AIzaSyA1234567890abcdef", "op-key-literal"} {
+		if strings.Contains(got, secret) {
+			t.Errorf("%q survived: %s", secret, got)
+		}
+	}
+	if !strings.Contains(got, "Incorrect API key provided") || !strings.Contains(got, "account acme") {
+		t.Errorf("the message itself was lost: %s", got)
+	}
+}
+
+func TestClassifyPath(t *testing.T) {
+	for _, tc := range []struct {
+		path    string
+		mounted bool
+		front   front
+		id      string
+	}{
+		{"/v1/chat/completions", false, frontChat, ""},
+		{"/openai/v1/chat/completions", false, frontChat, ""},
+		{"/v1/models", false, frontModels, ""},
+		{"/v1/models/qwen/qwen3-32b", false, frontModel, "qwen/qwen3-32b"},
+		{"/v1/models/", false, frontUnsupported, ""},
+		{"/v1/embeddings", false, frontEmbeddings, ""},
+		{"/v1/messages", false, frontMessages, ""},
+		{"/v1/messages/count_tokens", false, frontCountTokens, ""},
+		{"/v1/responses", false, frontResponses, ""},
+		{"/v1/completions", false, frontCompletions, ""},
+		{"/v1/foo", false, frontUnsupported, ""},
+		{"/v1", false, frontUnsupported, ""},
+		{"/v1x/models", false, frontNone, ""},
+		{"/chat/completions", false, frontNone, ""},
+		{"/assets/models/car.glb", false, frontNone, ""},
+		{"/static/3d/models", false, frontNone, ""},
+		{"/", false, frontNone, ""},
+		{"/chat/completions", true, frontChat, ""},
+		{"/models/m", true, frontModel, "m"},
+		{"/index.html", true, frontNone, ""},
+		{"/v1/nope", true, frontUnsupported, ""},
+	} {
+		f, _, id := classifyPath(tc.path, tc.mounted)
+		if f != tc.front || id != tc.id {
+			t.Errorf("classifyPath(%q, %v) = %v %q, want %v %q", tc.path, tc.mounted, f, id, tc.front, tc.id)
+		}
+	}
+}
