@@ -1,7 +1,6 @@
 package llmroute
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -89,74 +88,6 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 		// The upstream broke after the client got bytes; the error event is
 		// out. Abort the response so it is never mistaken for complete.
 		panic(http.ErrAbortHandler)
-	}
-	return res
-}
-
-// exchange does the HTTP work of an attempt.
-func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
-	u := t.up
-	// The outgoing body is not pooled: the transport may still be writing it
-	// after RoundTrip returns. Wrapped as NopCloser(*bytes.Reader), net/http
-	// knows it is in memory and sends headers and body in one write.
-	out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &t.edit)
-	if err != nil {
-		errBadJSON.write(w)
-		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}
-	}
-	reqBody := io.NopCloser(bytes.NewReader(out))
-
-	ctx, cancel := h.attemptContext(r.Context())
-	defer cancel()
-	w8 := &watchdog{cancel: cancel}
-	if stream && u.firstByte > 0 {
-		w8.arm(u.firstByte, codeFirstByte)
-	}
-	defer w8.stop()
-
-	resp, err := h.transport.RoundTrip(h.upstreamRequest(ctx, r, u, out, reqBody))
-	if err != nil {
-		return h.classifyError(r, u, w8, ctx, err)
-	}
-	defer resp.Body.Close()
-
-	if failoverStatus(resp.StatusCode) {
-		h.noteRetryAfter(u, resp, time.Now())
-		// Never wait long for a failed answer's body: an upstream that sends
-		// error headers and then stalls must not hold up the failover until
-		// request_timeout. When the window passes, the attempt is cancelled
-		// and the connection dropped instead of reused.
-		w8.arm(drainTimeout, codeDrain)
-		drain(resp.Body)
-		w8.stop()
-		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
-	}
-
-	// For streams the first body byte must arrive before anything is sent to
-	// the client, so that a silent upstream can still fail over.
-	copyBuf := getCopyBuf()
-	defer putCopyBuf(copyBuf)
-	var first []byte
-	var firstErr error
-	if stream {
-		n, rerr := readSome(resp.Body, *copyBuf)
-		w8.stop()
-		if n == 0 && rerr != nil && rerr != io.EOF {
-			return h.classifyError(r, u, w8, ctx, rerr)
-		}
-		first, firstErr = (*copyBuf)[:n], rerr
-	}
-
-	if resp.StatusCode < 300 {
-		u.recordSuccess(time.Now())
-	}
-	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
-	// The client gets the upstream's status and headers (x-request-id, its
-	// Content-Type, a 400's status), minus hop-by-hop ones.
-	h.writeResponseHeader(w, resp, u, t)
-	if serr := h.copyResponse(w, r, ctx, resp, u, first, firstErr, *copyBuf, w8); serr != nil {
-		res.result = serr.result
-		res.abort = serr.code != ""
 	}
 	return res
 }

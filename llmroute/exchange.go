@@ -1,0 +1,315 @@
+package llmroute
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+)
+
+// exchange carries one attempt's HTTP work from the request going upstream
+// to the last byte written to the client, so the steps below share state
+// instead of passing it along.
+//
+// The response flows upstream body → copy loop → sink → clientWriter. The
+// sink is a chain: the think rewriter today, a front's translator (chat →
+// Messages / Responses) later, each a stage that writes into the next and
+// ends in the clientWriter. A non-stream body that must change as a whole
+// goes through body instead: it is buffered, transformed, then written.
+type exchange struct {
+	h      *Handler
+	w      http.ResponseWriter
+	r      *http.Request
+	t      *target
+	u      *upstream
+	stream bool // the client asked for a stream
+
+	ctx    context.Context // the attempt: request_timeout, watchdog
+	cancel context.CancelFunc
+	w8     watchdog
+
+	resp     *http.Response
+	buf      *[]byte // copy buffer, pooled
+	first    []byte  // bytes read before committing (streams)
+	firstErr error   // the error that came with first
+
+	sse      bool // the response is an event stream
+	plainSSE bool // … and not compressed: heartbeats and error events may be spliced in
+
+	out  clientWriter  // the last stage: writes, flushes, heartbeats
+	sink sink          // where the copy loop writes; &out or a stage before it
+	rws  rewriteSink   // the think-rewrite stage, when used
+	body bodyTransform // non-stream whole-body transform, nil = pass through
+}
+
+// sink is one stage of the response chain. Write takes what the stage
+// before it produced (an upstream read, for the first stage); end is called
+// once after the upstream body ended cleanly, so the stage can emit what it
+// still holds.
+type sink interface {
+	io.Writer
+	end() error
+}
+
+// bodyTransform rewrites a whole non-stream response body into dst.
+// changed false means body is to be sent as it is.
+type bodyTransform interface {
+	transformBody(dst, body []byte) (out []byte, changed bool)
+}
+
+// thinkBody is the think-tag rewrite of a whole completion.
+type thinkBody transform.ThinkMode
+
+func (m thinkBody) transformBody(dst, body []byte) ([]byte, bool) {
+	return transform.RewriteCompletion(dst, body, transform.ThinkMode(m))
+}
+
+// rewriteSink feeds one upstream read to the think rewriter, then sends
+// what it emitted with one write (see clientWriter.queueEvent).
+type rewriteSink struct {
+	rw  *transform.StreamRewriter
+	out *clientWriter
+}
+
+func (s *rewriteSink) Write(p []byte) (int, error) {
+	n, err := s.rw.Write(p)
+	if err != nil {
+		return n, err
+	}
+	return n, s.out.writeQueued()
+}
+
+func (s *rewriteSink) end() error {
+	if err := s.rw.Close(); err != nil {
+		return err
+	}
+	return s.out.writeQueued()
+}
+
+// exchange does the HTTP work of an attempt.
+func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
+	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: stream}
+	return ex.run(body)
+}
+
+func (ex *exchange) run(body []byte) attemptResult {
+	h, r, u := ex.h, ex.r, ex.u
+	// The outgoing body is not pooled: the transport may still be writing it
+	// after RoundTrip returns. Wrapped as NopCloser(*bytes.Reader), net/http
+	// knows it is in memory and sends headers and body in one write.
+	out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &ex.t.edit)
+	if err != nil {
+		errBadJSON.write(ex.w)
+		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}
+	}
+	reqBody := io.NopCloser(bytes.NewReader(out))
+
+	ex.ctx, ex.cancel = h.attemptContext(r.Context())
+	defer ex.cancel()
+	ex.w8.cancel = ex.cancel
+	if ex.stream && u.firstByte > 0 {
+		ex.w8.arm(u.firstByte, codeFirstByte)
+	}
+	defer ex.w8.stop()
+
+	resp, err := h.transport.RoundTrip(h.upstreamRequest(ex.ctx, r, u, out, reqBody))
+	if err != nil {
+		return h.classifyError(r, u, &ex.w8, ex.ctx, err)
+	}
+	defer resp.Body.Close()
+	ex.resp = resp
+
+	if failoverStatus(resp.StatusCode) {
+		h.noteRetryAfter(u, resp, time.Now())
+		// Never wait long for a failed answer's body: an upstream that sends
+		// error headers and then stalls must not hold up the failover until
+		// request_timeout. When the window passes, the attempt is cancelled
+		// and the connection dropped instead of reused.
+		ex.w8.arm(drainTimeout, codeDrain)
+		drain(resp.Body)
+		ex.w8.stop()
+		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+	}
+
+	// For streams the first body byte must arrive before anything is sent to
+	// the client, so that a silent upstream can still fail over.
+	ex.buf = getCopyBuf()
+	defer putCopyBuf(ex.buf)
+	if ex.stream {
+		n, rerr := readSome(resp.Body, *ex.buf)
+		ex.w8.stop()
+		if n == 0 && rerr != nil && rerr != io.EOF {
+			return h.classifyError(r, u, &ex.w8, ex.ctx, rerr)
+		}
+		ex.first, ex.firstErr = (*ex.buf)[:n], rerr
+	}
+
+	if resp.StatusCode < 300 {
+		u.recordSuccess(time.Now())
+	}
+	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+	// The client gets the upstream's status and headers (x-request-id, its
+	// Content-Type, a 400's status), minus hop-by-hop ones.
+	h.writeResponseHeader(ex.w, resp, u, ex.t)
+	if serr := ex.copyResponse(); serr != nil {
+		res.result = serr.result
+		res.abort = serr.code != ""
+	}
+	return res
+}
+
+// copyResponse sends the upstream response body to the client: byte for
+// byte, or through the sink chain (think rewriting).
+func (ex *exchange) copyResponse() *streamErr {
+	h, u, resp := ex.h, ex.u, ex.resp
+	ex.sse = isEventStream(resp)
+	rewrite := u.think != transform.ThinkOff && resp.StatusCode < 300 && identityEncoded(resp)
+	if u.think != transform.ThinkOff && resp.StatusCode < 300 && !identityEncoded(resp) {
+		if c := h.logger.Check(zapcore.WarnLevel, "compressed upstream response, think_tags not applied"); c != nil {
+			c.Write(zap.String("upstream", u.id), zap.String("content_encoding", resp.Header.Get("Content-Encoding")))
+		}
+	}
+	if rewrite && !ex.sse {
+		ex.body = thinkBody(u.think)
+		return ex.copyCompletion()
+	}
+
+	// Heartbeats and the final error event are plain-text SSE: spliced into
+	// a compressed stream (passed through untouched) they would corrupt it,
+	// so such a stream gets neither; a cut one is only aborted.
+	ex.plainSSE = ex.sse && identityEncoded(resp)
+	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0)
+	if ex.sse {
+		if h.heartbeat > 0 && ex.plainSSE {
+			ex.out.startHeartbeat(h.heartbeat)
+		}
+		if u.streamIdle > 0 {
+			ex.w8.arm(u.streamIdle, codeStalled)
+		}
+	}
+	defer ex.out.stop()
+
+	ex.sink = &ex.out
+	if rewrite {
+		ex.rws = rewriteSink{rw: getRewriter(u.think, ex.out.queueEvent), out: &ex.out}
+		defer putRewriter(ex.rws.rw)
+		ex.sink = &ex.rws
+	}
+	err := pump(ex.sink, resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8)
+	if err == nil {
+		err = ex.sink.end()
+	}
+	if err == nil {
+		return nil
+	}
+	return ex.streamFailure(err)
+}
+
+// pump copies first, then the rest of body, kicking the idle watchdog on
+// every read. The watchdog is paused while a write to the client blocks (a
+// slow client), so only upstream silence counts as a stall.
+func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byte, w8 *watchdog) error {
+	if len(first) > 0 {
+		w8.pause()
+		_, err := dst.Write(first)
+		w8.kick()
+		if err != nil {
+			return errClientWrite{err}
+		}
+	}
+	if firstErr != nil {
+		if firstErr == io.EOF {
+			return nil
+		}
+		return firstErr
+	}
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			w8.pause()
+			_, err := dst.Write(buf[:n])
+			w8.kick()
+			if err != nil {
+				return errClientWrite{err}
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// errClientWrite wraps a failed write to the client.
+type errClientWrite struct{ error }
+
+// streamFailure classifies a body copy that did not end cleanly and, when
+// the upstream is at fault on an event stream, sends the final error event.
+func (ex *exchange) streamFailure(err error) *streamErr {
+	var cw errClientWrite
+	if errors.As(err, &cw) || ex.r.Context().Err() != nil {
+		return &streamErr{result: resultCancelled}
+	}
+	se := &streamErr{result: resultNetErr, code: codeInterrupted}
+	switch {
+	case ex.w8.firedFor() == codeStalled:
+		se.result, se.code = resultTimeout, codeStalled
+	case errors.Is(ex.ctx.Err(), context.DeadlineExceeded):
+		se.result, se.code = resultTimeout, codeRequestTimeout
+	}
+	if c := ex.h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); c != nil {
+		c.Write(zap.String("upstream", ex.u.id), zap.String("reason", se.code), zap.String("error", redactError(err)))
+	}
+	if ex.plainSSE {
+		ex.out.writeError(se.code)
+	}
+	return se
+}
+
+// copyCompletion sends a non-stream completion through ex.body.
+func (ex *exchange) copyCompletion() *streamErr {
+	w, resp := ex.w, ex.resp
+	bb := getBuffer()
+	defer putBuffer(bb)
+	bb.Write(ex.first)
+	if ex.firstErr == nil {
+		if _, err := bb.ReadFrom(io.LimitReader(resp.Body, maxRewriteBody+1)); err != nil {
+			if ex.r.Context().Err() != nil {
+				return &streamErr{result: resultCancelled}
+			}
+			// Nothing was written yet, but the status is: abort.
+			return &streamErr{result: resultNetErr, code: codeInterrupted}
+		}
+	}
+	body := bb.Bytes()
+	if len(body) > maxRewriteBody {
+		// Too big to rewrite: pass it on as it is.
+		if _, err := w.Write(body); err != nil {
+			return &streamErr{result: resultCancelled}
+		}
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			return &streamErr{result: resultNetErr, code: codeInterrupted}
+		}
+		return nil
+	}
+	outBuf := getBytes()
+	defer putBytes(outBuf)
+	rewritten, changed := ex.body.transformBody((*outBuf)[:0], body)
+	if changed {
+		body = rewritten
+		*outBuf = rewritten[:0]
+	}
+	if _, err := w.Write(body); err != nil {
+		return &streamErr{result: resultCancelled}
+	}
+	return nil
+}
