@@ -28,6 +28,7 @@ func init() {
 //	    queue_timeout       <duration>
 //	    retry_after_max     <duration>
 //	    heartbeat_interval  <duration>
+//	    client_write_timeout <duration>
 //
 //	    provider <id> {
 //	        url                 <base url>
@@ -190,7 +191,7 @@ func (p *parser) handler() error {
 		case "model":
 			err = p.model()
 		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
-			"max_request_body", "queue_size":
+			"client_write_timeout", "max_request_body", "queue_size":
 			if err = seen.once(d, "", name); err != nil {
 				return err
 			}
@@ -226,6 +227,8 @@ func (p *parser) handlerSetting(name string) error {
 		h.RetryAfterMax, err = p.duration("", name)
 	case "heartbeat_interval":
 		h.HeartbeatInterval, err = p.duration("", name)
+	case "client_write_timeout":
+		h.ClientWriteTimeout, err = p.duration("", name)
 	case "queue_size":
 		h.QueueSize, err = p.count("", name)
 	case "max_request_body":

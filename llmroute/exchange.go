@@ -96,6 +96,7 @@ func (s *rewriteSink) end() error {
 // exchange does the HTTP work of an attempt.
 func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
 	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: stream}
+	defer ex.out.clearDeadline()
 	return ex.run(body)
 }
 
@@ -144,11 +145,28 @@ func (ex *exchange) run(body []byte) attemptResult {
 	defer putCopyBuf(ex.buf)
 	if ex.stream {
 		n, rerr := readSome(resp.Body, *ex.buf)
-		ex.w8.stop()
-		if n == 0 && rerr != nil && rerr != io.EOF {
+		if testHookFirstRead != nil {
+			testHookFirstRead(&ex.w8)
+		}
+		switch decideFirstRead(n, rerr, ex.w8.hold() == "") {
+		case firstTimedOut:
+			return ex.firstByteTimeout()
+		case firstFailed:
 			return h.classifyError(r, u, &ex.w8, ex.ctx, rerr)
 		}
 		ex.first, ex.firstErr = (*ex.buf)[:n], rerr
+	}
+	ex.w8.stop()
+
+	ex.chooseSinks()
+	if ex.body != nil {
+		// A whole-body transform reads the body before the status goes out,
+		// so that a read error can still fail over.
+		whole := getBuffer()
+		defer putBuffer(whole)
+		if err := ex.readWhole(whole); err != nil {
+			return h.classifyError(r, u, &ex.w8, ex.ctx, err)
+		}
 	}
 
 	if resp.StatusCode < 300 {
@@ -161,48 +179,78 @@ func (ex *exchange) run(body []byte) attemptResult {
 	if serr := ex.copyResponse(); serr != nil {
 		res.result = serr.result
 		res.abort = serr.code != ""
+		res.fault = serr.fault
 	}
 	return res
 }
 
-// copyResponse sends the upstream response body to the client: byte for
-// byte, or through the sink chain (think rewriting).
-func (ex *exchange) copyResponse() *streamErr {
+// testHookFirstRead, when set by a test, runs between a stream's first read
+// and the first-byte decision: the seam for the timer-fires-just-after-data
+// race.
+var testHookFirstRead func(*watchdog)
+
+// firstByteTimeout ends an attempt whose first-byte timer beat the first
+// read: nothing reached the client, so it fails over.
+func (ex *exchange) firstByteTimeout() attemptResult {
+	if ex.r.Context().Err() != nil {
+		return attemptResult{out: outDone, result: resultCancelled}
+	}
+	if c := ex.h.logger.Check(zapcore.WarnLevel, "first byte timeout, failing over"); c != nil {
+		c.Write(zap.String("upstream", ex.u.id), zap.Duration("first_byte_timeout", ex.u.firstByte))
+	}
+	return attemptResult{out: outFailover, result: resultTimeout}
+}
+
+// chooseSinks decides how the body reaches the client: through the sink
+// chain (streams, anything passed through) or a whole-body transform, and
+// readies the client writer.
+func (ex *exchange) chooseSinks() {
 	h, u, resp := ex.h, ex.u, ex.resp
 	ex.sse = isEventStream(resp)
-	rewrite := u.think != transform.ThinkOff && resp.StatusCode < 300 && identityEncoded(resp)
-	if u.think != transform.ThinkOff && resp.StatusCode < 300 && !identityEncoded(resp) {
-		if c := h.logger.Check(zapcore.WarnLevel, "compressed upstream response, think_tags not applied"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.String("content_encoding", resp.Header.Get("Content-Encoding")))
-		}
-	}
-	if rewrite && !ex.sse {
-		ex.body = thinkBody(u.think)
-		return ex.copyCompletion()
-	}
-
 	// Heartbeats and the final error event are plain-text SSE: spliced into
 	// a compressed stream (passed through untouched) they would corrupt it,
 	// so such a stream gets neither; a cut one is only aborted.
 	ex.plainSSE = ex.sse && identityEncoded(resp)
-	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0)
-	if ex.sse {
-		if h.heartbeat > 0 && ex.plainSSE {
-			ex.out.startHeartbeat(h.heartbeat)
+	rewrite := u.think != transform.ThinkOff && resp.StatusCode < 300
+	if rewrite && !identityEncoded(resp) {
+		rewrite = false
+		if c := h.logger.Check(zapcore.WarnLevel, "compressed upstream response, think_tags not applied"); c != nil {
+			c.Write(zap.String("upstream", u.id), zap.String("content_encoding", resp.Header.Get("Content-Encoding")))
 		}
-		if u.streamIdle > 0 {
-			ex.w8.arm(u.streamIdle, codeStalled)
+	}
+	var limit time.Time
+	if d, ok := ex.ctx.Deadline(); ok {
+		limit = d // request_timeout bounds time blocked on the client too
+	}
+	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0, ex.sse, h.clientWrite, limit, ex.r.ProtoMajor == 2)
+	ex.sink = &ex.out
+	switch {
+	case rewrite && !ex.sse:
+		ex.body = thinkBody(u.think)
+	case rewrite:
+		ex.rws = rewriteSink{rw: getRewriter(u.think, ex.out.queueEvent), out: &ex.out}
+		ex.sink = &ex.rws
+	}
+}
+
+// copyResponse sends the upstream response body to the client.
+func (ex *exchange) copyResponse() *streamErr {
+	if ex.body != nil {
+		return ex.copyCompletion()
+	}
+	if ex.sse {
+		if ex.h.heartbeat > 0 && ex.plainSSE {
+			ex.out.startHeartbeat(ex.h.heartbeat)
+		}
+		if ex.u.streamIdle > 0 {
+			ex.w8.prime(ex.u.streamIdle, codeStalled)
 		}
 	}
 	defer ex.out.stop()
-
-	ex.sink = &ex.out
-	if rewrite {
-		ex.rws = rewriteSink{rw: getRewriter(u.think, ex.out.queueEvent), out: &ex.out}
+	if ex.rws.rw != nil {
 		defer putRewriter(ex.rws.rw)
-		ex.sink = &ex.rws
 	}
-	err := pump(ex.sink, resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8)
+	err := pump(ex.sink, ex.resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8)
 	if err == nil {
 		err = ex.sink.end()
 	}
@@ -212,15 +260,13 @@ func (ex *exchange) copyResponse() *streamErr {
 	return ex.streamFailure(err)
 }
 
-// pump copies first, then the rest of body, kicking the idle watchdog on
-// every read. The watchdog is paused while a write to the client blocks (a
-// slow client), so only upstream silence counts as a stall.
+// pump copies first, then the rest of body. The idle watchdog runs only
+// while the proxy waits for the upstream: it is held while a read is
+// processed and written to the client (a slow client is not upstream
+// silence), and which of a read and the timer won is decided by that hold.
 func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byte, w8 *watchdog) error {
 	if len(first) > 0 {
-		w8.pause()
-		_, err := dst.Write(first)
-		w8.kick()
-		if err != nil {
+		if _, err := dst.Write(first); err != nil {
 			return errClientWrite{err}
 		}
 	}
@@ -231,19 +277,21 @@ func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byt
 		return firstErr
 	}
 	for {
+		w8.resume()
 		n, rerr := body.Read(buf)
+		lost := w8.hold()
 		if n > 0 {
-			w8.pause()
-			_, err := dst.Write(buf[:n])
-			w8.kick()
-			if err != nil {
+			// Bytes read are the upstream's, whoever won: pass them on.
+			if _, err := dst.Write(buf[:n]); err != nil {
 				return errClientWrite{err}
 			}
 		}
-		if rerr == io.EOF {
+		switch {
+		case rerr == io.EOF:
 			return nil
-		}
-		if rerr != nil {
+		case lost != "":
+			return errTimerWon{lost}
+		case rerr != nil:
 			return rerr
 		}
 	}
@@ -252,19 +300,24 @@ func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byt
 // errClientWrite wraps a failed write to the client.
 type errClientWrite struct{ error }
 
+// errTimerWon: the watchdog fired before a read returned; the attempt is
+// cancelled for that reason.
+type errTimerWon struct{ reason string }
+
+func (e errTimerWon) Error() string { return "watchdog fired: " + e.reason }
+
 // streamFailure classifies a body copy that did not end cleanly and, when
 // the upstream is at fault on an event stream, sends the final error event.
 func (ex *exchange) streamFailure(err error) *streamErr {
 	var cw errClientWrite
-	if errors.As(err, &cw) || ex.r.Context().Err() != nil {
-		return &streamErr{result: resultCancelled}
+	fired := ex.w8.firedFor()
+	var tw errTimerWon
+	if errors.As(err, &tw) {
+		fired = tw.reason
 	}
-	se := &streamErr{result: resultNetErr, code: codeInterrupted}
-	switch {
-	case ex.w8.firedFor() == codeStalled:
-		se.result, se.code = resultTimeout, codeStalled
-	case errors.Is(ex.ctx.Err(), context.DeadlineExceeded):
-		se.result, se.code = resultTimeout, codeRequestTimeout
+	se := streamVerdict(ex.out.done, errors.As(err, &cw), ex.r.Context().Err() != nil, fired, ex.ctx.Err())
+	if se == nil || se.code == "" {
+		return se
 	}
 	if c := ex.h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); c != nil {
 		c.Write(zap.String("upstream", ex.u.id), zap.String("reason", se.code), zap.String("error", redactError(err)))
@@ -275,29 +328,55 @@ func (ex *exchange) streamFailure(err error) *streamErr {
 	return se
 }
 
-// copyCompletion sends a non-stream completion through ex.body.
-func (ex *exchange) copyCompletion() *streamErr {
-	w, resp := ex.w, ex.resp
-	bb := getBuffer()
-	defer putBuffer(bb)
-	bb.Write(ex.first)
+// streamVerdict classifies a response that broke off after it reached the
+// client, in order:
+//   - the stream's final event ([DONE]) had gone out: ok, whatever came
+//     after (the openai SDK closes the connection right after it);
+//   - the client stopped reading or left: cancelled, no error event, the
+//     upstream not blamed;
+//   - the idle timer: a stall, the upstream's fault;
+//   - request_timeout: a long generation, not the upstream's fault;
+//   - anything else: the upstream connection broke.
+func streamVerdict(done, clientWrite, clientGone bool, fired string, ctxErr error) *streamErr {
+	switch {
+	case done:
+		return nil
+	case clientWrite || clientGone:
+		return &streamErr{result: resultCancelled}
+	case fired == codeStalled:
+		return &streamErr{result: resultTimeout, code: codeStalled, fault: true}
+	case errors.Is(ctxErr, context.DeadlineExceeded):
+		return &streamErr{result: resultTimeout, code: codeRequestTimeout}
+	}
+	return &streamErr{result: resultNetErr, code: codeInterrupted, fault: true}
+}
+
+// readWhole reads a non-stream body (after what ex.first holds) into whole,
+// up to maxRewriteBody+1 bytes, before anything is sent to the client.
+func (ex *exchange) readWhole(whole *bytes.Buffer) error {
+	whole.Write(ex.first)
 	if ex.firstErr == nil {
-		if _, err := bb.ReadFrom(io.LimitReader(resp.Body, maxRewriteBody+1)); err != nil {
-			if ex.r.Context().Err() != nil {
-				return &streamErr{result: resultCancelled}
-			}
-			// Nothing was written yet, but the status is: abort.
-			return &streamErr{result: resultNetErr, code: codeInterrupted}
+		if _, err := whole.ReadFrom(io.LimitReader(ex.resp.Body, maxRewriteBody+1)); err != nil {
+			return err
 		}
 	}
-	body := bb.Bytes()
-	if len(body) > maxRewriteBody {
+	ex.first, ex.firstErr = whole.Bytes(), io.EOF
+	if len(ex.first) > maxRewriteBody {
+		ex.firstErr = nil // more may follow
+	}
+	return nil
+}
+
+// copyCompletion sends a non-stream body read by readWhole through ex.body.
+func (ex *exchange) copyCompletion() *streamErr {
+	body := ex.first
+	if ex.firstErr == nil {
 		// Too big to rewrite: pass it on as it is.
-		if _, err := w.Write(body); err != nil {
+		if _, err := ex.out.Write(body); err != nil {
 			return &streamErr{result: resultCancelled}
 		}
-		if _, err := io.Copy(w, resp.Body); err != nil {
-			return &streamErr{result: resultNetErr, code: codeInterrupted}
+		if err := pump(&ex.out, ex.resp.Body, nil, nil, *ex.buf, &ex.w8); err != nil {
+			return ex.streamFailure(err)
 		}
 		return nil
 	}
@@ -308,7 +387,7 @@ func (ex *exchange) copyCompletion() *streamErr {
 		body = rewritten
 		*outBuf = rewritten[:0]
 	}
-	if _, err := w.Write(body); err != nil {
+	if _, err := ex.out.Write(body); err != nil {
 		return &streamErr{result: resultCancelled}
 	}
 	return nil

@@ -72,6 +72,13 @@ type Handler struct {
 	// Default 15s; 0 disables.
 	HeartbeatInterval *Duration `json:"heartbeat_interval,omitempty"`
 
+	// ClientWriteTimeout bounds each write to the client: a client that
+	// takes no bytes for this long is treated as gone, its attempt ends as
+	// `cancelled` and its slot is freed; the upstream is not blamed.
+	// request_timeout bounds time blocked on the client as well.
+	// Default 30s; 0 disables (request_timeout still applies).
+	ClientWriteTimeout *Duration `json:"client_write_timeout,omitempty"`
+
 	ctx       caddy.Context
 	logger    *zap.Logger
 	metrics   *routeMetrics
@@ -87,6 +94,7 @@ type Handler struct {
 	requestTimeout time.Duration
 	retryAfterMax  time.Duration
 	heartbeat      time.Duration
+	clientWrite    time.Duration
 	maxBody        int64
 
 	stopProber chan struct{}

@@ -1,6 +1,7 @@
 package llmroute
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"sync"
@@ -15,11 +16,16 @@ import (
 type streamErr struct {
 	result string
 	code   string
+	fault  bool // the upstream is to blame: record a failure
 }
 
 // maxRewriteBody bounds how much of a non-stream response is buffered for
 // think-tag rewriting; a larger body passes through untouched.
 const maxRewriteBody = 16 << 20
+
+// errorEventWindow bounds the write of the final error event when
+// client_write_timeout is off.
+const errorEventWindow = time.Second
 
 // streamErrorMessages are the texts of the final SSE error event.
 var streamErrorMessages = map[string]string{
@@ -42,6 +48,22 @@ type clientWriter struct {
 	w     http.ResponseWriter
 	rc    http.ResponseController // a value: one allocation less per request
 	flush bool
+	sse   bool
+
+	// Write deadlines (client_write_timeout): each write must complete
+	// within timeout and before limit (the attempt's request_timeout).
+	timeout      time.Duration
+	limit        time.Time
+	clearBetween bool // HTTP/2: an armed deadline resets the stream even between writes
+	deadlineSet  bool
+	noDeadline   bool // the connection cannot take one
+
+	// done: the stream's final event ([DONE]) has been written. carry is
+	// the end of what was written before, so a marker split over two writes
+	// is found too.
+	done     bool
+	carry    [len(doneMarker) + 1]byte
+	carryLen int
 
 	mu         sync.Mutex
 	hb         *time.Timer
@@ -54,10 +76,104 @@ type clientWriter struct {
 }
 
 // init readies the writer for one response; flush says whether every
-// write is flushed at once (streams, bodies of unknown length).
-func (c *clientWriter) init(w http.ResponseWriter, flush bool) {
-	c.w, c.rc, c.flush, c.atBoundary = w, *http.NewResponseController(w), flush, true
+// write is flushed at once (streams, bodies of unknown length), sse whether
+// the body is an event stream; timeout, limit and clearBetween set up the
+// write deadlines.
+func (c *clientWriter) init(w http.ResponseWriter, flush, sse bool, timeout time.Duration, limit time.Time, clearBetween bool) {
+	c.w, c.rc, c.flush, c.sse, c.atBoundary = w, *http.NewResponseController(w), flush, sse, true
+	c.timeout, c.limit, c.clearBetween = timeout, limit, clearBetween
 }
+
+// armDeadline sets the write deadline for the next write: timeout from now,
+// but no later than limit (zero = none of either).
+func (c *clientWriter) armDeadline(timeout time.Duration, limit time.Time) {
+	if c.noDeadline || timeout <= 0 && limit.IsZero() {
+		return
+	}
+	var d time.Time
+	if timeout > 0 {
+		d = time.Now().Add(timeout)
+	}
+	if !limit.IsZero() && (d.IsZero() || limit.Before(d)) {
+		d = limit
+	}
+	if err := c.rc.SetWriteDeadline(d); err != nil {
+		c.noDeadline = true // e.g. a test recorder: nothing to bound
+		return
+	}
+	c.deadlineSet = true
+}
+
+// afterWrite clears the deadline where one left armed would cut a healthy
+// stream while the proxy waits for the upstream (HTTP/2).
+func (c *clientWriter) afterWrite() {
+	if c.clearBetween {
+		c.clearDeadline()
+	}
+}
+
+// clearDeadline removes the write deadline at the end of the exchange, so
+// the next request on a kept-alive connection does not inherit it.
+func (c *clientWriter) clearDeadline() {
+	if c.deadlineSet {
+		c.deadlineSet = false
+		_ = c.rc.SetWriteDeadline(time.Time{})
+	}
+}
+
+// doneMarker is the final event of a chat completion stream.
+const doneMarker = "data: [DONE]"
+
+// markDone records that the stream's final event reached the client; a
+// stage that writes another wire format (a front's translator) calls it for
+// its own final event.
+func (c *clientWriter) markDone() { c.done = true }
+
+// noteDone looks for the [DONE] event, at a line start, in what is being
+// written.
+func (c *clientWriter) noteDone(p []byte) {
+	if c.done {
+		return
+	}
+	// Across the seam: the end of the previous writes and the start of p.
+	var joint [2 * len(c.carry)]byte
+	n := copy(joint[:], c.carry[:c.carryLen])
+	n += copy(joint[n:], p[:min(len(p), len(c.carry))])
+	seamStart := c.carryLen < len(c.carry) // joint begins the stream
+	pStart := c.carryLen == 0 || isEOL(c.carry[c.carryLen-1])
+	if hasLineAt(joint[:n], seamStart) || hasLineAt(p, pStart) {
+		c.done = true
+		return
+	}
+	// Keep the last len(carry) bytes of everything written.
+	if len(p) >= len(c.carry) {
+		c.carryLen = copy(c.carry[:], p[len(p)-len(c.carry):])
+		return
+	}
+	// joint[:n] is carry+p here.
+	c.carryLen = copy(c.carry[:], joint[max(0, n-len(c.carry)):n])
+}
+
+var doneMarkerBytes = []byte(doneMarker)
+
+// hasLineAt reports whether b holds the [DONE] marker at the start of a
+// line; the start of b counts as one when startOK.
+func hasLineAt(b []byte, startOK bool) bool {
+	for i := 0; i < len(b); {
+		k := bytes.Index(b[i:], doneMarkerBytes)
+		if k < 0 {
+			return false
+		}
+		k += i
+		if k == 0 && startOK || k > 0 && isEOL(b[k-1]) {
+			return true
+		}
+		i = k + 1
+	}
+	return false
+}
+
+func isEOL(b byte) bool { return b == '\n' || b == '\r' }
 
 // end completes the sink chain: the client writer holds nothing back.
 func (c *clientWriter) end() error { return nil }
@@ -65,6 +181,8 @@ func (c *clientWriter) end() error { return nil }
 func (c *clientWriter) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.armDeadline(c.timeout, c.limit)
+	defer c.afterWrite()
 	n, err := c.w.Write(p)
 	if err != nil {
 		return n, err
@@ -73,6 +191,9 @@ func (c *clientWriter) Write(p []byte) (int, error) {
 		if err := c.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return n, err
 		}
+	}
+	if c.sse {
+		c.noteDone(p)
 	}
 	c.trackBoundary(p)
 	if c.hb != nil {
@@ -132,9 +253,11 @@ func (c *clientWriter) beat() {
 		return
 	}
 	if c.atBoundary {
+		c.armDeadline(c.timeout, c.limit)
 		if _, err := c.w.Write(keepalive); err == nil {
 			_ = c.rc.Flush()
 		}
+		c.afterWrite()
 	}
 	c.hb.Reset(c.hbPeriod)
 }
@@ -163,9 +286,17 @@ func (c *clientWriter) writeError(code string) {
 	ev = append(ev, `,"type":"upstream_error","code":`...)
 	ev = appendJSONString(ev, code)
 	ev = append(ev, "}}\n\n"...)
+	// Not bounded by request_timeout, which may be what just passed; a
+	// client that takes nothing gets errorEventWindow at most.
+	timeout := c.timeout
+	if timeout <= 0 {
+		timeout = errorEventWindow
+	}
+	c.armDeadline(timeout, time.Time{})
 	if _, err := c.w.Write(ev); err == nil {
 		_ = c.rc.Flush()
 	}
+	c.afterWrite()
 }
 
 // rewriterPool recycles stream rewriters and their buffers.
