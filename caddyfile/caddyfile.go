@@ -30,6 +30,7 @@ func init() {
 //	    heartbeat_interval  <duration>
 //	    cors                <origin>|* [<origin>...]
 //	    max_rewrite_size    <size>
+//	    client_write_timeout <duration>
 //
 //	    provider <id> {
 //	        url                 <base url>
@@ -194,7 +195,7 @@ func (p *parser) handler() error {
 		case "model":
 			err = p.model()
 		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
-			"max_request_body", "queue_size", "cors", "max_rewrite_size":
+			"client_write_timeout", "max_request_body", "queue_size", "cors", "max_rewrite_size":
 			if err = seen.once(d, "", name); err != nil {
 				return err
 			}
@@ -230,6 +231,8 @@ func (p *parser) handlerSetting(name string) error {
 		h.RetryAfterMax, err = p.duration("", name)
 	case "heartbeat_interval":
 		h.HeartbeatInterval, err = p.duration("", name)
+	case "client_write_timeout":
+		h.ClientWriteTimeout, err = p.duration("", name)
 	case "queue_size":
 		h.QueueSize, err = p.count("", name)
 	case "max_request_body":

@@ -1,7 +1,6 @@
 package llmroute
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -14,8 +13,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-
-	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
 // outcome tells the failover loop what to do after an attempt.
@@ -53,6 +50,9 @@ type attemptResult struct {
 	// abort: the response was cut after it started; the handler must abort
 	// the connection once the attempt is recorded.
 	abort bool
+	// fault: the upstream broke a response that had started (a cut or a
+	// stall) and is backed off for it. A failover always is.
+	fault bool
 }
 
 // Reasons a stream can end abnormally after its first byte reached the
@@ -74,7 +74,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 		if p := recover(); p != nil {
 			if !recorded {
 				if res.result == "" {
-					res.result = resultNetErr
+					res.result, res.fault = resultNetErr, true
 				}
 				h.finish(rt, t, res, start)
 			}
@@ -92,74 +92,6 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 	return res
 }
 
-// exchange does the HTTP work of an attempt.
-func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
-	u := t.up
-	// The outgoing body is not pooled: the transport may still be writing it
-	// after RoundTrip returns. Wrapped as NopCloser(*bytes.Reader), net/http
-	// knows it is in memory and sends headers and body in one write.
-	out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &t.edit)
-	if err != nil {
-		errBadJSON.write(w)
-		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}
-	}
-	reqBody := io.NopCloser(bytes.NewReader(out))
-
-	ctx, cancel := h.attemptContext(r.Context())
-	defer cancel()
-	w8 := &watchdog{cancel: cancel}
-	if stream && u.firstByte > 0 {
-		w8.arm(u.firstByte, codeFirstByte)
-	}
-	defer w8.stop()
-
-	resp, err := h.transport.RoundTrip(h.upstreamRequest(ctx, r, u, out, reqBody))
-	if err != nil {
-		return h.classifyError(r, u, w8, ctx, err)
-	}
-	defer resp.Body.Close()
-
-	if failoverStatus(resp.StatusCode) {
-		h.noteRetryAfter(u, resp, time.Now())
-		// Never wait long for a failed answer's body: an upstream that sends
-		// error headers and then stalls must not hold up the failover until
-		// request_timeout. When the window passes, the attempt is cancelled
-		// and the connection dropped instead of reused.
-		w8.arm(drainTimeout, codeDrain)
-		h.drainFailed(u, resp)
-		w8.stop()
-		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
-	}
-
-	// For streams the first body byte must arrive before anything is sent to
-	// the client, so that a silent upstream can still fail over.
-	copyBuf := getCopyBuf()
-	defer putCopyBuf(copyBuf)
-	var first []byte
-	var firstErr error
-	if stream {
-		n, rerr := readSome(resp.Body, *copyBuf)
-		w8.stop()
-		if n == 0 && rerr != nil && rerr != io.EOF {
-			return h.classifyError(r, u, w8, ctx, rerr)
-		}
-		first, firstErr = (*copyBuf)[:n], rerr
-	}
-
-	if resp.StatusCode < 300 {
-		u.recordSuccess(time.Now())
-	}
-	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
-	// The client gets the upstream's status and headers (x-request-id, its
-	// Content-Type, a 400's status), minus hop-by-hop ones.
-	h.writeResponseHeader(w, resp, u, t)
-	if serr := h.copyResponse(w, r, ctx, resp, u, first, firstErr, *copyBuf, w8); serr != nil {
-		res.result = serr.result
-		res.abort = serr.code != ""
-	}
-	return res
-}
-
 // codeFirstByte marks a watchdog that fired before the first byte.
 const codeFirstByte = "first_byte"
 
@@ -172,18 +104,26 @@ const (
 
 // watchdog cancels an attempt when its timer fires and remembers why. One
 // timer serves both windows of a stream: first byte, then idle.
+//
+// A read that returns data and the timer firing can race. Which of them won
+// is decided once, by hold (Timer.Stop's answer): if the timer was stopped
+// before it fired, the data won and its cancel never runs; otherwise the
+// attempt is already cancelled and the caller must treat the read as timed
+// out, never as a broken connection.
 type watchdog struct {
-	cancel context.CancelFunc
-	timer  *time.Timer
-	period time.Duration          // owned by the request goroutine
-	reason atomic.Pointer[string] // why the armed window would fire
-	fired  atomic.Pointer[string] // why it did fire
+	cancel  context.CancelFunc
+	timer   *time.Timer
+	period  time.Duration          // owned by the request goroutine
+	running bool                   // the timer is armed and not held
+	reason  atomic.Pointer[string] // why the armed window would fire
+	fired   atomic.Pointer[string] // why it did fire
 }
 
 // arm (re)starts the timer for d with the given reason.
 func (w *watchdog) arm(d time.Duration, reason string) {
 	w.period = d
 	w.reason.Store(&reason)
+	w.running = true
 	if w.timer == nil {
 		w.timer = time.AfterFunc(d, w.fire)
 		return
@@ -191,20 +131,41 @@ func (w *watchdog) arm(d time.Duration, reason string) {
 	w.timer.Reset(d)
 }
 
-// kick restarts an armed timer: the upstream just sent something.
-func (w *watchdog) kick() {
-	if w.timer != nil && w.period > 0 {
-		w.timer.Reset(w.period)
-	}
+// prime sets the window for d with the given reason without starting it;
+// resume starts it.
+func (w *watchdog) prime(d time.Duration, reason string) {
+	w.period = d
+	w.reason.Store(&reason)
 }
 
-// pause holds an armed timer while the proxy writes to the client: time
-// spent waiting for a slow client is not upstream silence, and must not cut
-// the stream or count against the upstream. kick re-arms it.
-func (w *watchdog) pause() {
-	if w.timer != nil && w.period > 0 {
-		w.timer.Stop()
+// hold stops the timer after a read returned and reports who won: "" when
+// the read did (the timer's cancel will never run), else the reason of the
+// window that fired first (the attempt is cancelled).
+func (w *watchdog) hold() string {
+	if w.running {
+		w.running = false
+		if !w.timer.Stop() {
+			// The timer's function has started: it is storing this reason
+			// and cancelling, if it has not done so already.
+			return *w.reason.Load()
+		}
 	}
+	return w.firedFor()
+}
+
+// resume restarts a held or primed timer for its period: the proxy is
+// about to wait for the upstream again. Time spent writing to a slow client
+// in between is not upstream silence.
+func (w *watchdog) resume() {
+	if w.period <= 0 || w.running || w.fired.Load() != nil {
+		return
+	}
+	w.running = true
+	if w.timer == nil {
+		w.timer = time.AfterFunc(w.period, w.fire)
+		return
+	}
+	w.timer.Reset(w.period)
 }
 
 func (w *watchdog) fire() {
@@ -214,10 +175,8 @@ func (w *watchdog) fire() {
 
 // stop disarms the timer until the next arm.
 func (w *watchdog) stop() {
-	if w.timer != nil {
-		w.timer.Stop()
-		w.period = 0
-	}
+	w.hold()
+	w.period = 0
 }
 
 // firedFor returns why the watchdog fired, or "".
@@ -228,22 +187,58 @@ func (w *watchdog) firedFor() string {
 	return ""
 }
 
-// classifyError turns a transport error before anything reached the client
-// into a result.
-func (h *Handler) classifyError(r *http.Request, u *upstream, w8 *watchdog, ctx context.Context, err error) attemptResult {
+// firstRead is what to do with a stream's first read (n bytes, err) given
+// whether it beat the first-byte timer.
+type firstRead int
+
+const (
+	firstProceed  firstRead = iota // commit to the client with what was read
+	firstTimedOut                  // the timer won: fail over as a first-byte timeout
+	firstFailed                    // no byte and an error: classify the error
+)
+
+// decideFirstRead is that decision. Data that lost the race to the timer is
+// dropped: the cancel has already killed the body, so committing to the
+// client would only produce a cut stream, while nothing has reached the
+// client yet and another upstream can still answer.
+func decideFirstRead(n int, err error, readWon bool) firstRead {
 	switch {
-	case r.Context().Err() != nil:
-		return attemptResult{out: outDone, result: resultCancelled}
+	case !readWon:
+		return firstTimedOut
+	case n == 0 && err != nil && err != io.EOF:
+		return firstFailed
+	}
+	return firstProceed
+}
+
+// classifyError turns a transport error before anything reached the
+// client into a result, and logs why it fails over.
+func (h *Handler) classifyError(r *http.Request, u *upstream, w8 *watchdog, ctx context.Context, err error) attemptResult {
+	res := attemptOutcome(r.Context().Err() != nil, w8.firedFor(), ctx.Err())
+	switch {
+	case res.result == resultCancelled:
 	case w8.firedFor() == codeFirstByte:
 		if c := h.logger.Check(zapcore.WarnLevel, "first byte timeout, failing over"); c != nil {
 			c.Write(zap.String("upstream", u.id), zap.Duration("first_byte_timeout", u.firstByte))
 		}
-		return attemptResult{out: outFailover, result: resultTimeout}
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return attemptResult{out: outFailover, result: resultTimeout}
+	case res.result == resultNetErr:
+		if c := h.logger.Check(zapcore.WarnLevel, "upstream connection failed"); c != nil {
+			c.Write(zap.String("upstream", u.id), zap.String("error", redactError(err)))
+		}
 	}
-	if c := h.logger.Check(zapcore.WarnLevel, "upstream connection failed"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.String("error", redactError(err)))
+	return res
+}
+
+// attemptOutcome classifies an attempt that ended before anything reached
+// the client: the client left (cancelled, nobody to answer, the upstream
+// not blamed), a timer or request_timeout ran out (timeout), or the
+// connection failed (net_err). The last two fail over.
+func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
+	switch {
+	case clientGone:
+		return attemptResult{out: outDone, result: resultCancelled}
+	case fired == codeFirstByte, errors.Is(ctxErr, context.DeadlineExceeded):
+		return attemptResult{out: outFailover, result: resultTimeout}
 	}
 	return attemptResult{out: outFailover, result: resultNetErr}
 }
@@ -253,7 +248,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Tim
 	u := t.up
 	n := u.state.release()
 	now := time.Now()
-	if res.out == outFailover || res.result == resultNetErr || res.result == resultTimeout {
+	if res.out == outFailover || res.fault {
 		u.recordFailure(now, h.logger)
 	}
 	if c := t.counters[res.result]; c != nil {

@@ -84,6 +84,12 @@ type Handler struct {
 	// body, or one SSE event of a stream. Anything larger passes through
 	// unrewritten, with a warning in the log. Default 16 MiB.
 	MaxRewriteSize int64 `json:"max_rewrite_size,omitempty"`
+	// ClientWriteTimeout bounds each write to the client: a client that
+	// takes no bytes for this long is treated as gone, its attempt ends as
+	// `cancelled` and its slot is freed; the upstream is not blamed.
+	// request_timeout bounds time blocked on the client as well.
+	// Default 30s; 0 disables (request_timeout still applies).
+	ClientWriteTimeout *Duration `json:"client_write_timeout,omitempty"`
 
 	ctx       caddy.Context
 	logger    *zap.Logger
@@ -100,6 +106,7 @@ type Handler struct {
 	requestTimeout time.Duration
 	retryAfterMax  time.Duration
 	heartbeat      time.Duration
+	clientWrite    time.Duration
 	maxBody        int64
 	maxRewrite     int64
 

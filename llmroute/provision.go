@@ -29,6 +29,7 @@ const (
 	defaultQueueTimeout      = 30 * time.Second
 	defaultRetryAfterMax     = 5 * time.Minute
 	defaultHeartbeat         = 15 * time.Second
+	defaultClientWrite       = 30 * time.Second
 )
 
 // upstream is one upstream with every setting resolved once at provision
@@ -111,6 +112,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.retryAfterMax = durationOr(defaultRetryAfterMax, h.RetryAfterMax)
 	h.heartbeat = durationOr(defaultHeartbeat, h.HeartbeatInterval)
+	h.clientWrite = durationOr(defaultClientWrite, h.ClientWriteTimeout)
 
 	providers := make(map[string]*Provider, len(h.Providers))
 	for i := range h.Providers {
@@ -371,6 +373,7 @@ func (h *Handler) logSummary() {
 		zap.Int("upstreams", len(h.Upstreams)),
 		zap.Int("models", len(h.Models)),
 		zap.Duration("request_timeout", h.requestTimeout),
+		zap.Duration("client_write_timeout", h.clientWrite),
 		zap.Int64("max_request_body", h.maxBody),
 		zap.Dict("effective", ups...),
 	)

@@ -174,8 +174,10 @@ func (h *Handler) wait(r *http.Request, rt *route) (int, *apiError) {
 		return idx, nil
 	}
 	// Waiting does not hide an outage: if everything is cooling and nothing
-	// comes back within the wait, answer the cooling 503 now.
-	if back, all := soonestBack(rt, start); all && (rt.queueTimeout == 0 || back > rt.queueTimeout) {
+	// comes back within the wait, answer the cooling 503 now. With no
+	// queue_timeout the request waits for the first cooling to end (or for
+	// the client to leave), as it would for a busy slot.
+	if back, all := soonestBack(rt, start); all && rt.queueTimeout > 0 && back > rt.queueTimeout {
 		s.waiting.Add(-1)
 		s.mu.Unlock()
 		return -1, h.reject(rt)

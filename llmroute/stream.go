@@ -1,15 +1,11 @@
 package llmroute
 
 import (
-	"context"
+	"bytes"
 	"errors"
-	"io"
 	"net/http"
 	"sync"
 	"time"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
@@ -20,169 +16,18 @@ import (
 type streamErr struct {
 	result string
 	code   string
+	fault  bool // the upstream is to blame: record a failure
 }
 
-// copyResponse sends the upstream response body to the client: byte for
-// byte, or through the think-tag rewriter. first holds bytes already read
-// (streams read their first chunk before committing), firstErr the error
-// that came with them.
-func (h *Handler) copyResponse(w http.ResponseWriter, r *http.Request, ctx context.Context, resp *http.Response,
-	u *upstream, first []byte, firstErr error, buf []byte, w8 *watchdog) *streamErr {
-	sse := isEventStream(resp)
-	rewrite := u.think != transform.ThinkOff && resp.StatusCode < 300 && identityEncoded(resp)
-	if u.think != transform.ThinkOff && resp.StatusCode < 300 && !identityEncoded(resp) {
-		if c := h.logger.Check(zapcore.WarnLevel, "compressed upstream response, think_tags not applied"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.String("content_encoding", resp.Header.Get("Content-Encoding")))
-		}
-	}
-	if rewrite && !sse {
-		return h.copyCompletion(w, r, resp, u, first, firstErr)
-	}
-
-	// Heartbeats and the final error event are plain-text SSE: spliced into
-	// a compressed stream (passed through untouched) they would corrupt it,
-	// so such a stream gets neither; a cut one is only aborted.
-	plainSSE := sse && identityEncoded(resp)
-	out := &clientWriter{w: w, rc: http.NewResponseController(w), flush: sse || resp.ContentLength < 0, atBoundary: true}
-	if sse {
-		if h.heartbeat > 0 && plainSSE {
-			out.startHeartbeat(h.heartbeat)
-		}
-		if u.streamIdle > 0 {
-			w8.arm(u.streamIdle, codeStalled)
-		}
-	}
-	defer out.stop()
-
-	var sink io.Writer = out
-	var rw *transform.StreamRewriter
-	if rewrite {
-		rw = getRewriter(u.think, out.queueEvent)
-		rw.SetMaxEventSize(int(h.maxRewrite))
-		defer h.putRewriter(u, rw)
-		sink = batch{rw, out}
-	}
-	err := pump(sink, resp.Body, first, firstErr, buf, w8)
-	if err == nil && rw != nil {
-		err = rw.Close()
-		if err == nil {
-			err = out.writeQueued()
-		}
-	}
-	if err == nil {
-		return nil
-	}
-	return h.streamFailure(w, r, ctx, u, out, plainSSE, err, w8)
-}
-
-// pump copies first, then the rest of body, kicking the idle watchdog on
-// every read. The watchdog is paused while a write to the client blocks (a
-// slow client), so only upstream silence counts as a stall.
-func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byte, w8 *watchdog) error {
-	if len(first) > 0 {
-		w8.pause()
-		_, err := dst.Write(first)
-		w8.kick()
-		if err != nil {
-			return errClientWrite{err}
-		}
-	}
-	if firstErr != nil {
-		if firstErr == io.EOF {
-			return nil
-		}
-		return firstErr
-	}
-	for {
-		n, rerr := body.Read(buf)
-		if n > 0 {
-			w8.pause()
-			_, err := dst.Write(buf[:n])
-			w8.kick()
-			if err != nil {
-				return errClientWrite{err}
-			}
-		}
-		if rerr == io.EOF {
-			return nil
-		}
-		if rerr != nil {
-			return rerr
-		}
-	}
-}
-
-// errClientWrite wraps a failed write to the client.
-type errClientWrite struct{ error }
-
-// streamFailure classifies a body copy that did not end cleanly and, when
-// the upstream is at fault on an event stream, sends the final error event.
-func (h *Handler) streamFailure(w http.ResponseWriter, r *http.Request, ctx context.Context, u *upstream,
-	out *clientWriter, sse bool, err error, w8 *watchdog) *streamErr {
-	var cw errClientWrite
-	if errors.As(err, &cw) || r.Context().Err() != nil {
-		return &streamErr{result: resultCancelled}
-	}
-	se := &streamErr{result: resultNetErr, code: codeInterrupted}
-	switch {
-	case w8.firedFor() == codeStalled:
-		se.result, se.code = resultTimeout, codeStalled
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		se.result, se.code = resultTimeout, codeRequestTimeout
-	}
-	if c := h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.String("reason", se.code), zap.String("error", redactError(err)))
-	}
-	if sse {
-		out.writeError(se.code)
-	}
-	return se
-}
+// errorEventWindow bounds the write of the final error event when
+// client_write_timeout is off.
+const errorEventWindow = time.Second
 
 // streamErrorMessages are the texts of the final SSE error event.
 var streamErrorMessages = map[string]string{
 	codeInterrupted:    "the upstream stream was interrupted before it finished",
 	codeStalled:        "the upstream stream stalled and was cut off",
 	codeRequestTimeout: "the upstream exchange exceeded request_timeout",
-}
-
-// copyCompletion rewrites think tags in a non-stream completion.
-func (h *Handler) copyCompletion(w http.ResponseWriter, r *http.Request, resp *http.Response, u *upstream, first []byte, firstErr error) *streamErr {
-	bb := getBuffer()
-	defer putBuffer(bb)
-	bb.Write(first)
-	if firstErr == nil {
-		if _, err := bb.ReadFrom(io.LimitReader(resp.Body, h.maxRewrite+1)); err != nil {
-			if r.Context().Err() != nil {
-				return &streamErr{result: resultCancelled}
-			}
-			// Nothing was written yet, but the status is: abort.
-			return &streamErr{result: resultNetErr, code: codeInterrupted}
-		}
-	}
-	body := bb.Bytes()
-	if int64(len(body)) > h.maxRewrite {
-		// Too big to rewrite: pass it on as it is.
-		h.warnTooBig(u, 1)
-		if _, err := w.Write(body); err != nil {
-			return &streamErr{result: resultCancelled}
-		}
-		if _, err := io.Copy(w, resp.Body); err != nil {
-			return &streamErr{result: resultNetErr, code: codeInterrupted}
-		}
-		return nil
-	}
-	outBuf := getBytes()
-	defer putBytes(outBuf)
-	rewritten, changed := transform.RewriteCompletion((*outBuf)[:0], body, u.think)
-	if changed {
-		body = rewritten
-		*outBuf = rewritten[:0]
-	}
-	if _, err := w.Write(body); err != nil {
-		return &streamErr{result: resultCancelled}
-	}
-	return nil
 }
 
 // identityEncoded reports a response body that is not compressed.
@@ -197,8 +42,24 @@ func identityEncoded(resp *http.Response) bool {
 // only sent between two events, never inside one.
 type clientWriter struct {
 	w     http.ResponseWriter
-	rc    *http.ResponseController
+	rc    http.ResponseController // a value: one allocation less per request
 	flush bool
+	sse   bool
+
+	// Write deadlines (client_write_timeout): each write must complete
+	// within timeout and before limit (the attempt's request_timeout).
+	timeout      time.Duration
+	limit        time.Time
+	clearBetween bool // HTTP/2: an armed deadline resets the stream even between writes
+	deadlineSet  bool
+	noDeadline   bool // the connection cannot take one
+
+	// done: the stream's final event ([DONE]) has been written. carry is
+	// the end of what was written before, so a marker split over two writes
+	// is found too.
+	done     bool
+	carry    [len(doneMarker) + 1]byte
+	carryLen int
 
 	mu         sync.Mutex
 	hb         *time.Timer
@@ -210,9 +71,114 @@ type clientWriter struct {
 	queued []byte // rewritten events waiting for the end of the read
 }
 
+// init readies the writer for one response; flush says whether every
+// write is flushed at once (streams, bodies of unknown length), sse whether
+// the body is an event stream; timeout, limit and clearBetween set up the
+// write deadlines.
+func (c *clientWriter) init(w http.ResponseWriter, flush, sse bool, timeout time.Duration, limit time.Time, clearBetween bool) {
+	c.w, c.rc, c.flush, c.sse, c.atBoundary = w, *http.NewResponseController(w), flush, sse, true
+	c.timeout, c.limit, c.clearBetween = timeout, limit, clearBetween
+}
+
+// armDeadline sets the write deadline for the next write: timeout from now,
+// but no later than limit (zero = none of either).
+func (c *clientWriter) armDeadline(timeout time.Duration, limit time.Time) {
+	if c.noDeadline || timeout <= 0 && limit.IsZero() {
+		return
+	}
+	var d time.Time
+	if timeout > 0 {
+		d = time.Now().Add(timeout)
+	}
+	if !limit.IsZero() && (d.IsZero() || limit.Before(d)) {
+		d = limit
+	}
+	if err := c.rc.SetWriteDeadline(d); err != nil {
+		c.noDeadline = true // e.g. a test recorder: nothing to bound
+		return
+	}
+	c.deadlineSet = true
+}
+
+// afterWrite clears the deadline where one left armed would cut a healthy
+// stream while the proxy waits for the upstream (HTTP/2).
+func (c *clientWriter) afterWrite() {
+	if c.clearBetween {
+		c.clearDeadline()
+	}
+}
+
+// clearDeadline removes the write deadline at the end of the exchange, so
+// the next request on a kept-alive connection does not inherit it.
+func (c *clientWriter) clearDeadline() {
+	if c.deadlineSet {
+		c.deadlineSet = false
+		_ = c.rc.SetWriteDeadline(time.Time{})
+	}
+}
+
+// doneMarker is the final event of a chat completion stream.
+const doneMarker = "data: [DONE]"
+
+// markDone records that the stream's final event reached the client; a
+// stage that writes another wire format (a front's translator) calls it for
+// its own final event.
+func (c *clientWriter) markDone() { c.done = true }
+
+// noteDone looks for the [DONE] event, at a line start, in what is being
+// written.
+func (c *clientWriter) noteDone(p []byte) {
+	if c.done {
+		return
+	}
+	// Across the seam: the end of the previous writes and the start of p.
+	var joint [2 * len(c.carry)]byte
+	n := copy(joint[:], c.carry[:c.carryLen])
+	n += copy(joint[n:], p[:min(len(p), len(c.carry))])
+	seamStart := c.carryLen < len(c.carry) // joint begins the stream
+	pStart := c.carryLen == 0 || isEOL(c.carry[c.carryLen-1])
+	if hasLineAt(joint[:n], seamStart) || hasLineAt(p, pStart) {
+		c.done = true
+		return
+	}
+	// Keep the last len(carry) bytes of everything written.
+	if len(p) >= len(c.carry) {
+		c.carryLen = copy(c.carry[:], p[len(p)-len(c.carry):])
+		return
+	}
+	// joint[:n] is carry+p here.
+	c.carryLen = copy(c.carry[:], joint[max(0, n-len(c.carry)):n])
+}
+
+var doneMarkerBytes = []byte(doneMarker)
+
+// hasLineAt reports whether b holds the [DONE] marker at the start of a
+// line; the start of b counts as one when startOK.
+func hasLineAt(b []byte, startOK bool) bool {
+	for i := 0; i < len(b); {
+		k := bytes.Index(b[i:], doneMarkerBytes)
+		if k < 0 {
+			return false
+		}
+		k += i
+		if k == 0 && startOK || k > 0 && isEOL(b[k-1]) {
+			return true
+		}
+		i = k + 1
+	}
+	return false
+}
+
+func isEOL(b byte) bool { return b == '\n' || b == '\r' }
+
+// end completes the sink chain: the client writer holds nothing back.
+func (c *clientWriter) end() error { return nil }
+
 func (c *clientWriter) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.armDeadline(c.timeout, c.limit)
+	defer c.afterWrite()
 	n, err := c.w.Write(p)
 	if err != nil {
 		return n, err
@@ -221,6 +187,9 @@ func (c *clientWriter) Write(p []byte) (int, error) {
 		if err := c.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return n, err
 		}
+	}
+	if c.sse {
+		c.noteDone(p)
 	}
 	c.trackBoundary(p)
 	if c.hb != nil {
@@ -246,20 +215,6 @@ func (c *clientWriter) writeQueued() error {
 	_, err := c.Write(c.queued)
 	c.queued = c.queued[:0]
 	return err
-}
-
-// batch feeds one upstream read to the rewriter, then sends what it emitted.
-type batch struct {
-	rw  *transform.StreamRewriter
-	out *clientWriter
-}
-
-func (b batch) Write(p []byte) (int, error) {
-	n, err := b.rw.Write(p)
-	if err != nil {
-		return n, err
-	}
-	return n, b.out.writeQueued()
 }
 
 // trackBoundary remembers whether the output ends with a blank line (LF,
@@ -294,9 +249,11 @@ func (c *clientWriter) beat() {
 		return
 	}
 	if c.atBoundary {
+		c.armDeadline(c.timeout, c.limit)
 		if _, err := c.w.Write(keepalive); err == nil {
 			_ = c.rc.Flush()
 		}
+		c.afterWrite()
 	}
 	c.hb.Reset(c.hbPeriod)
 }
@@ -325,9 +282,17 @@ func (c *clientWriter) writeError(code string) {
 	ev = append(ev, `,"type":"upstream_error","code":`...)
 	ev = appendJSONString(ev, code)
 	ev = append(ev, "}}\n\n"...)
+	// Not bounded by request_timeout, which may be what just passed; a
+	// client that takes nothing gets errorEventWindow at most.
+	timeout := c.timeout
+	if timeout <= 0 {
+		timeout = errorEventWindow
+	}
+	c.armDeadline(timeout, time.Time{})
 	if _, err := c.w.Write(ev); err == nil {
 		_ = c.rc.Flush()
 	}
+	c.afterWrite()
 }
 
 // rewriterPool recycles stream rewriters and their buffers.

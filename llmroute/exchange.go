@@ -1,0 +1,397 @@
+package llmroute
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+)
+
+// exchange carries one attempt's HTTP work from the request going upstream
+// to the last byte written to the client, so the steps below share state
+// instead of passing it along.
+//
+// The response flows upstream body → copy loop → sink → clientWriter. The
+// sink is a chain: the think rewriter today, a front's translator (chat →
+// Messages / Responses) later, each a stage that writes into the next and
+// ends in the clientWriter. A non-stream body that must change as a whole
+// goes through body instead: it is buffered, transformed, then written.
+type exchange struct {
+	h      *Handler
+	w      http.ResponseWriter
+	r      *http.Request
+	t      *target
+	u      *upstream
+	stream bool // the client asked for a stream
+
+	ctx    context.Context // the attempt: request_timeout, watchdog
+	cancel context.CancelFunc
+	w8     watchdog
+
+	resp     *http.Response
+	buf      *[]byte // copy buffer, pooled
+	first    []byte  // bytes read before committing (streams)
+	firstErr error   // the error that came with first
+
+	sse      bool // the response is an event stream
+	plainSSE bool // … and not compressed: heartbeats and error events may be spliced in
+
+	out  clientWriter  // the last stage: writes, flushes, heartbeats
+	sink sink          // where the copy loop writes; &out or a stage before it
+	rws  rewriteSink   // the think-rewrite stage, when used
+	body bodyTransform // non-stream whole-body transform, nil = pass through
+}
+
+// sink is one stage of the response chain. Write takes what the stage
+// before it produced (an upstream read, for the first stage); end is called
+// once after the upstream body ended cleanly, so the stage can emit what it
+// still holds.
+type sink interface {
+	io.Writer
+	end() error
+}
+
+// bodyTransform rewrites a whole non-stream response body into dst.
+// changed false means body is to be sent as it is.
+type bodyTransform interface {
+	transformBody(dst, body []byte) (out []byte, changed bool)
+}
+
+// thinkBody is the think-tag rewrite of a whole completion.
+type thinkBody transform.ThinkMode
+
+func (m thinkBody) transformBody(dst, body []byte) ([]byte, bool) {
+	return transform.RewriteCompletion(dst, body, transform.ThinkMode(m))
+}
+
+// rewriteSink feeds one upstream read to the think rewriter, then sends
+// what it emitted with one write (see clientWriter.queueEvent).
+type rewriteSink struct {
+	rw  *transform.StreamRewriter
+	out *clientWriter
+}
+
+func (s *rewriteSink) Write(p []byte) (int, error) {
+	n, err := s.rw.Write(p)
+	if err != nil {
+		return n, err
+	}
+	return n, s.out.writeQueued()
+}
+
+func (s *rewriteSink) end() error {
+	if err := s.rw.Close(); err != nil {
+		return err
+	}
+	return s.out.writeQueued()
+}
+
+// exchange does the HTTP work of an attempt.
+func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
+	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: stream}
+	defer ex.out.clearDeadline()
+	return ex.run(body)
+}
+
+func (ex *exchange) run(body []byte) attemptResult {
+	h, r, u := ex.h, ex.r, ex.u
+	// The outgoing body is not pooled: the transport may still be writing it
+	// after RoundTrip returns. Wrapped as NopCloser(*bytes.Reader), net/http
+	// knows it is in memory and sends headers and body in one write.
+	out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &ex.t.edit)
+	if err != nil {
+		errBadJSON.write(ex.w)
+		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}
+	}
+	reqBody := io.NopCloser(bytes.NewReader(out))
+
+	ex.ctx, ex.cancel = h.attemptContext(r.Context())
+	defer ex.cancel()
+	ex.w8.cancel = ex.cancel
+	if ex.stream && u.firstByte > 0 {
+		ex.w8.arm(u.firstByte, codeFirstByte)
+	}
+	defer ex.w8.stop()
+
+	resp, err := h.transport.RoundTrip(h.upstreamRequest(ex.ctx, r, u, out, reqBody))
+	if err != nil {
+		return h.classifyError(r, u, &ex.w8, ex.ctx, err)
+	}
+	defer resp.Body.Close()
+	ex.resp = resp
+
+	if failoverStatus(resp.StatusCode) {
+		h.noteRetryAfter(u, resp, time.Now())
+		// Never wait long for a failed answer's body: an upstream that sends
+		// error headers and then stalls must not hold up the failover until
+		// request_timeout. When the window passes, the attempt is cancelled
+		// and the connection dropped instead of reused.
+		ex.w8.arm(drainTimeout, codeDrain)
+		h.drainFailed(u, resp)
+		ex.w8.stop()
+		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+	}
+
+	// For streams the first body byte must arrive before anything is sent to
+	// the client, so that a silent upstream can still fail over.
+	ex.buf = getCopyBuf()
+	defer putCopyBuf(ex.buf)
+	if ex.stream {
+		n, rerr := readSome(resp.Body, *ex.buf)
+		if testHookFirstRead != nil {
+			testHookFirstRead(&ex.w8)
+		}
+		switch decideFirstRead(n, rerr, ex.w8.hold() == "") {
+		case firstTimedOut:
+			return ex.firstByteTimeout()
+		case firstFailed:
+			return h.classifyError(r, u, &ex.w8, ex.ctx, rerr)
+		}
+		ex.first, ex.firstErr = (*ex.buf)[:n], rerr
+	}
+	ex.w8.stop()
+
+	ex.chooseSinks()
+	if ex.body != nil {
+		// A whole-body transform reads the body before the status goes out,
+		// so that a read error can still fail over.
+		whole := getBuffer()
+		defer putBuffer(whole)
+		if err := ex.readWhole(whole); err != nil {
+			return h.classifyError(r, u, &ex.w8, ex.ctx, err)
+		}
+	}
+
+	if resp.StatusCode < 300 {
+		u.recordSuccess(time.Now())
+	}
+	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+	// The client gets the upstream's status and headers (x-request-id, its
+	// Content-Type, a 400's status), minus hop-by-hop ones.
+	h.writeResponseHeader(ex.w, resp, u, ex.t)
+	if serr := ex.copyResponse(); serr != nil {
+		res.result = serr.result
+		res.abort = serr.code != ""
+		res.fault = serr.fault
+	}
+	return res
+}
+
+// testHookFirstRead, when set by a test, runs between a stream's first read
+// and the first-byte decision: the seam for the timer-fires-just-after-data
+// race.
+var testHookFirstRead func(*watchdog)
+
+// firstByteTimeout ends an attempt whose first-byte timer beat the first
+// read: nothing reached the client, so it fails over.
+func (ex *exchange) firstByteTimeout() attemptResult {
+	if ex.r.Context().Err() != nil {
+		return attemptResult{out: outDone, result: resultCancelled}
+	}
+	if c := ex.h.logger.Check(zapcore.WarnLevel, "first byte timeout, failing over"); c != nil {
+		c.Write(zap.String("upstream", ex.u.id), zap.Duration("first_byte_timeout", ex.u.firstByte))
+	}
+	return attemptResult{out: outFailover, result: resultTimeout}
+}
+
+// chooseSinks decides how the body reaches the client: through the sink
+// chain (streams, anything passed through) or a whole-body transform, and
+// readies the client writer.
+func (ex *exchange) chooseSinks() {
+	h, u, resp := ex.h, ex.u, ex.resp
+	ex.sse = isEventStream(resp)
+	// Heartbeats and the final error event are plain-text SSE: spliced into
+	// a compressed stream (passed through untouched) they would corrupt it,
+	// so such a stream gets neither; a cut one is only aborted.
+	ex.plainSSE = ex.sse && identityEncoded(resp)
+	rewrite := u.think != transform.ThinkOff && resp.StatusCode < 300
+	if rewrite && !identityEncoded(resp) {
+		rewrite = false
+		if c := h.logger.Check(zapcore.WarnLevel, "compressed upstream response, think_tags not applied"); c != nil {
+			c.Write(zap.String("upstream", u.id), zap.String("content_encoding", resp.Header.Get("Content-Encoding")))
+		}
+	}
+	var limit time.Time
+	if d, ok := ex.ctx.Deadline(); ok {
+		limit = d // request_timeout bounds time blocked on the client too
+	}
+	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0, ex.sse, h.clientWrite, limit, ex.r.ProtoMajor == 2)
+	ex.sink = &ex.out
+	switch {
+	case rewrite && !ex.sse:
+		ex.body = thinkBody(u.think)
+	case rewrite:
+		rw := getRewriter(u.think, ex.out.queueEvent)
+		rw.SetMaxEventSize(int(h.maxRewrite))
+		ex.rws = rewriteSink{rw: rw, out: &ex.out}
+		ex.sink = &ex.rws
+	}
+}
+
+// copyResponse sends the upstream response body to the client.
+func (ex *exchange) copyResponse() *streamErr {
+	if ex.body != nil {
+		return ex.copyCompletion()
+	}
+	if ex.sse {
+		if ex.h.heartbeat > 0 && ex.plainSSE {
+			ex.out.startHeartbeat(ex.h.heartbeat)
+		}
+		if ex.u.streamIdle > 0 {
+			ex.w8.prime(ex.u.streamIdle, codeStalled)
+		}
+	}
+	defer ex.out.stop()
+	if ex.rws.rw != nil {
+		defer ex.h.putRewriter(ex.u, ex.rws.rw)
+	}
+	err := pump(ex.sink, ex.resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8)
+	if err == nil {
+		err = ex.sink.end()
+	}
+	if err == nil {
+		return nil
+	}
+	return ex.streamFailure(err)
+}
+
+// pump copies first, then the rest of body. The idle watchdog runs only
+// while the proxy waits for the upstream: it is held while a read is
+// processed and written to the client (a slow client is not upstream
+// silence), and which of a read and the timer won is decided by that hold.
+func pump(dst io.Writer, body io.Reader, first []byte, firstErr error, buf []byte, w8 *watchdog) error {
+	if len(first) > 0 {
+		if _, err := dst.Write(first); err != nil {
+			return errClientWrite{err}
+		}
+	}
+	if firstErr != nil {
+		if firstErr == io.EOF {
+			return nil
+		}
+		return firstErr
+	}
+	for {
+		w8.resume()
+		n, rerr := body.Read(buf)
+		lost := w8.hold()
+		if n > 0 {
+			// Bytes read are the upstream's, whoever won: pass them on.
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return errClientWrite{err}
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			return nil
+		case lost != "":
+			return errTimerWon{lost}
+		case rerr != nil:
+			return rerr
+		}
+	}
+}
+
+// errClientWrite wraps a failed write to the client.
+type errClientWrite struct{ error }
+
+// errTimerWon: the watchdog fired before a read returned; the attempt is
+// cancelled for that reason.
+type errTimerWon struct{ reason string }
+
+func (e errTimerWon) Error() string { return "watchdog fired: " + e.reason }
+
+// streamFailure classifies a body copy that did not end cleanly and, when
+// the upstream is at fault on an event stream, sends the final error event.
+func (ex *exchange) streamFailure(err error) *streamErr {
+	var cw errClientWrite
+	fired := ex.w8.firedFor()
+	var tw errTimerWon
+	if errors.As(err, &tw) {
+		fired = tw.reason
+	}
+	se := streamVerdict(ex.out.done, errors.As(err, &cw), ex.r.Context().Err() != nil, fired, ex.ctx.Err())
+	if se == nil || se.code == "" {
+		return se
+	}
+	if c := ex.h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); c != nil {
+		c.Write(zap.String("upstream", ex.u.id), zap.String("reason", se.code), zap.String("error", redactError(err)))
+	}
+	if ex.plainSSE {
+		ex.out.writeError(se.code)
+	}
+	return se
+}
+
+// streamVerdict classifies a response that broke off after it reached the
+// client, in order:
+//   - the stream's final event ([DONE]) had gone out: ok, whatever came
+//     after (the openai SDK closes the connection right after it);
+//   - the client stopped reading or left: cancelled, no error event, the
+//     upstream not blamed;
+//   - the idle timer: a stall, the upstream's fault;
+//   - request_timeout: a long generation, not the upstream's fault;
+//   - anything else: the upstream connection broke.
+func streamVerdict(done, clientWrite, clientGone bool, fired string, ctxErr error) *streamErr {
+	switch {
+	case done:
+		return nil
+	case clientWrite || clientGone:
+		return &streamErr{result: resultCancelled}
+	case fired == codeStalled:
+		return &streamErr{result: resultTimeout, code: codeStalled, fault: true}
+	case errors.Is(ctxErr, context.DeadlineExceeded):
+		return &streamErr{result: resultTimeout, code: codeRequestTimeout}
+	}
+	return &streamErr{result: resultNetErr, code: codeInterrupted, fault: true}
+}
+
+// readWhole reads a non-stream body (after what ex.first holds) into whole,
+// up to max_rewrite_size+1 bytes, before anything is sent to the client.
+func (ex *exchange) readWhole(whole *bytes.Buffer) error {
+	whole.Write(ex.first)
+	if ex.firstErr == nil {
+		if _, err := whole.ReadFrom(io.LimitReader(ex.resp.Body, ex.h.maxRewrite+1)); err != nil {
+			return err
+		}
+	}
+	ex.first, ex.firstErr = whole.Bytes(), io.EOF
+	if int64(len(ex.first)) > ex.h.maxRewrite {
+		ex.firstErr = nil // more may follow
+	}
+	return nil
+}
+
+// copyCompletion sends a non-stream body read by readWhole through ex.body.
+func (ex *exchange) copyCompletion() *streamErr {
+	body := ex.first
+	if ex.firstErr == nil {
+		// Too big to rewrite: pass it on as it is.
+		ex.h.warnTooBig(ex.u, 1)
+		if _, err := ex.out.Write(body); err != nil {
+			return &streamErr{result: resultCancelled}
+		}
+		if err := pump(&ex.out, ex.resp.Body, nil, nil, *ex.buf, &ex.w8); err != nil {
+			return ex.streamFailure(err)
+		}
+		return nil
+	}
+	outBuf := getBytes()
+	defer putBytes(outBuf)
+	rewritten, changed := ex.body.transformBody((*outBuf)[:0], body)
+	if changed {
+		body = rewritten
+		*outBuf = rewritten[:0]
+	}
+	if _, err := ex.out.Write(body); err != nil {
+		return &streamErr{result: resultCancelled}
+	}
+	return nil
+}
