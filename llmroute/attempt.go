@@ -114,7 +114,7 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 	}
 	defer w8.stop()
 
-	resp, err := h.transport.RoundTrip(h.upstreamRequest(ctx, r, u, out, reqBody))
+	resp, err := u.transport.RoundTrip(h.upstreamRequest(ctx, r, u, out, reqBody))
 	if err != nil {
 		return h.classifyError(r, u, w8, ctx, err)
 	}
@@ -265,7 +265,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Tim
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
-			zap.Int64("slot_released", n), zap.Int64("limit", u.limit))
+			zap.Int64("slot_released", n), limitField(u.limit))
 	}
 }
 

@@ -81,6 +81,17 @@ type Provider struct {
 	// cooling upstreams. Default 1s; 0 disables probing (an upstream then
 	// comes back only when its backoff ends).
 	ProbeInterval *Duration `json:"probe_interval,omitempty"`
+
+	// TransportRaw configures how the provider is reached, as Caddy's
+	// `reverse_proxy` does: `{"protocol": "http", …}` is the
+	// `http.reverse_proxy.transport.http` module with all its options (TLS
+	// trust pools and client certificates, `tls_insecure_skip_verify`, dial
+	// and response-header timeouts, keep-alive, forward proxies, HTTP
+	// versions). Absent (the default): a transport tuned for LLM traffic
+	// (10s dial and TLS handshake timeouts, 30s TCP keep-alive, up to 1024
+	// idle connections per host kept 2m, HTTP/2 when offered, the system's
+	// CAs, `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` from the environment).
+	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
 }
 
 // Upstream is a real model at a provider, with its own slot limit. Models
@@ -296,6 +307,17 @@ func validHeaderName(s string) bool {
 			continue
 		}
 		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether s can be sent as a header value: no
+// control characters (CR and LF above all) other than horizontal tab.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
 			return false
 		}
 	}
