@@ -9,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -428,13 +429,14 @@ func (h *Handler) logSummary() {
 	)
 }
 
-// limitField logs a slot limit as the summary does: a number, or
-// "unlimited" (never the sentinel 9223372036854775807).
+// limitField logs a slot limit the same way everywhere: "unlimited" (never
+// the sentinel 9223372036854775807) or the number, always as a string so
+// that log pipelines see one type for the field.
 func limitField(limit int64) zap.Field {
 	if limit == unlimited {
 		return zap.String("limit", "unlimited")
 	}
-	return zap.Int64("limit", limit)
+	return zap.String("limit", strconv.FormatInt(limit, 10))
 }
 
 // timerField logs a duration setting with its unit, "off" when 0 disables it.
