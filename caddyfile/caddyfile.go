@@ -1,14 +1,18 @@
 package caddyfile
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy" // registers the http transport module
 	"github.com/dustin/go-humanize"
 
 	"github.com/llm-route/caddy-llm-route/llmroute"
@@ -47,6 +51,9 @@ func init() {
 //	        header              <name> <value>
 //	        forward_headers     <name> [<name>...]
 //	        patch               <patch>
+//	        transport http {
+//	            <reverse_proxy's http transport options>
+//	        }
 //	    }
 //
 //	    upstream <id> [<provider> <model>] {
@@ -266,7 +273,11 @@ func (p *parser) provider() error {
 		}
 		switch name {
 		case "url":
-			prov.URL, err = p.str(where, name)
+			if prov.URL, err = p.str(where, name); err == nil {
+				if uerr := llmroute.CheckProviderURL(prov.URL); uerr != nil {
+					err = d.Errf("%surl: %v", where, uerr)
+				}
+			}
 		case "key":
 			prov.Key, err = p.str(where, name)
 		case "max_concurrency":
@@ -293,6 +304,8 @@ func (p *parser) provider() error {
 			var names []string
 			names, err = p.args(where, name, 1, -1)
 			prov.ForwardHeaders = append(prov.ForwardHeaders, names...)
+		case "transport":
+			prov.TransportRaw, err = p.transport(where)
 		case "header":
 			var args []string
 			if args, err = p.args(where, name, 2, 2); err != nil {
@@ -388,6 +401,26 @@ func (p *parser) upstream() error {
 	}
 	p.h.Upstreams = append(p.h.Upstreams, up)
 	return nil
+}
+
+// transport parses `transport <name> { … }` with the transport module's own
+// Caddyfile parser, as reverse_proxy does, so every option of
+// `reverse_proxy`'s `transport http` block works here too.
+func (p *parser) transport(where string) (json.RawMessage, error) {
+	d := p.d
+	if !d.NextArg() {
+		return nil, d.Errf("%stransport: want a transport name, e.g. `transport http { … }`", where)
+	}
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, "http.reverse_proxy.transport."+name)
+	if err != nil {
+		return nil, err
+	}
+	rt, ok := unm.(http.RoundTripper)
+	if !ok {
+		return nil, d.Errf("%stransport: module %q is not an HTTP transport", where, name)
+	}
+	return caddyconfig.JSONModuleObject(rt, "protocol", name, nil), nil
 }
 
 // providerRef records that the provider named at the cursor must exist.

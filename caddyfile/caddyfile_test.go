@@ -224,6 +224,26 @@ func TestParseValid(t *testing.T) {
 				"models":[{"name":"m","upstreams":["a","c","b"],"patch":{"reasoning":{"enabled":false}},"queue_size":0,"queue_timeout":"1m"}]}`,
 		},
 		{
+			name: "provider transport, parsed by reverse_proxy's http transport",
+			input: `llm_route {
+	provider p {
+		url https://gpu.lan/v1
+		transport http {
+			tls_insecure_skip_verify
+			dial_timeout 5s
+			keepalive_idle_conns_per_host 8
+		}
+	}
+	provider q {
+		url https://q/v1
+		transport http
+	}
+}`,
+			want: `{"providers":[
+				{"id":"p","url":"https://gpu.lan/v1","transport":{"dial_timeout":5000000000,"keep_alive":{"max_idle_conns_per_host":8},"protocol":"http","tls":{"insecure_skip_verify":true}}},
+				{"id":"q","url":"https://q/v1","transport":{"protocol":"http"}}]}`,
+		},
+		{
 			name: "model block only, several ids on one line",
 			input: `llm_route {
 ` + prov + `	upstream a p x
@@ -383,6 +403,15 @@ func TestParseErrors(t *testing.T) {
 		{"bad reasoning_empty_ok", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\treasoning_empty_ok maybe\n\t}\n}", `reasoning_empty_ok: want true or false, got "maybe"`, 4},
 		{"think_tags twice", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\tthink_tags split\n\t\tthink_tags off\n\t}\n}", "think_tags already specified at line 4", 5},
 		{"header without value", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\theader X-Title\n\t}\n}", "header: want 2 arguments, got 1", 4},
+		{"url without scheme", "llm_route {\n\tprovider p {\n\t\turl api.openai.com/v1\n\t}\n}", `provider "p": url: "api.openai.com/v1" must start with http:// or https://`, 3},
+		{"url with another scheme", "llm_route {\n\tprovider p {\n\t\tkey k\n\t\turl ftp://x/v1\n\t}\n}", `provider "p": url: "ftp://x/v1" must start with http:// or https://`, 4},
+		{"url without host", "llm_route {\n\tprovider p {\n\t\turl http:///v1\n\t}\n}", `provider "p": url: "http:///v1" has no host`, 3},
+		{"url with query", "llm_route {\n\tprovider p {\n\t\turl http://x/v1?a=1\n\t}\n}", "must not have a query or fragment", 3},
+		{"url credentials redacted", "llm_route {\n\tprovider p {\n\t\turl ftp://user:sk-secret@x/v1\n\t}\n}", `"ftp://redacted@x/v1" must start with`, 3},
+		{"transport without name", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\ttransport\n\t}\n}", `provider "p": transport: want a transport name`, 4},
+		{"unknown transport", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\ttransport carrier_pigeon\n\t}\n}", "http.reverse_proxy.transport.carrier_pigeon", 4},
+		{"bad transport option", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\ttransport http {\n\t\t\tdial_timeout soon\n\t\t}\n\t}\n}", "soon", 5},
+		{"transport twice", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\ttransport http\n\t\ttransport http\n\t}\n}", "transport already specified at line 4", 5},
 		{"header twice", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\theader X-Title a\n\t\theader x-title b\n\t}\n}", `header "x-title" already specified at line 4`, 5},
 
 		// upstream

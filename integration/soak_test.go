@@ -9,6 +9,10 @@ package integration
 //
 //	LLM_ROUTE_SOAK=10m go test -count=1 -run Soak -timeout 20m ./integration/
 //
+// Every random choice follows one seed, printed at the start; replay a run
+// with LLMROUTE_SOAK_SEED=<seed> (the timing of a loaded machine still
+// differs, so a replay is close, not identical).
+//
 // Invariants checked at the end:
 //   - no panic in Caddy's log, no provider key in it;
 //   - every request ended in one of: a JSON completion that parses and holds
@@ -417,10 +421,26 @@ func soakDuration(t *testing.T) time.Duration {
 	return 30 * time.Second
 }
 
+// soakSeed is the seed of every random choice of the run: LLMROUTE_SOAK_SEED
+// (an integer, to replay a failed run) or the clock. It is printed either way.
+func soakSeed(t *testing.T) int64 {
+	if v := os.Getenv("LLMROUTE_SOAK_SEED"); v != "" {
+		seed, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("LLMROUTE_SOAK_SEED=%q: want an integer: %v", v, err)
+		}
+		return seed
+	}
+	return time.Now().UnixNano()
+}
+
 func TestFaultSoak(t *testing.T) {
 	duration := soakDuration(t)
-	seed := time.Now().UnixNano()
-	t.Logf("soak: %v, seed %d", duration, seed)
+	seed := soakSeed(t)
+	// Printed on stdout as well as in the test log, so that a run killed by
+	// its timeout still shows it; replay with LLMROUTE_SOAK_SEED=<seed>.
+	fmt.Printf("soak: %v, seed %d (replay: LLMROUTE_SOAK_SEED=%d)\n", duration, seed, seed)
+	t.Logf("soak: %v, seed %d (replay: LLMROUTE_SOAK_SEED=%d)", duration, seed, seed)
 	t.Setenv("LLM_ROUTE_SOAK_KEY", soakEnvKey)
 	rnd := rand.New(rand.NewSource(seed))
 	a := newSoakServer(t, seed+1, "Bearer "+soakEnvKey)

@@ -259,7 +259,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Tim
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
-			zap.Int64("slot_released", n), zap.Int64("limit", u.limit))
+			zap.Int64("slot_released", n), limitField(u.limit))
 	}
 }
 

@@ -1,9 +1,12 @@
 package llmroute
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
+	"sort"
 	"strings"
 )
 
@@ -88,6 +91,17 @@ type Provider struct {
 	// cooling upstreams. Default 1s; 0 disables probing (an upstream then
 	// comes back only when its backoff ends).
 	ProbeInterval *Duration `json:"probe_interval,omitempty"`
+
+	// TransportRaw configures how the provider is reached, as Caddy's
+	// `reverse_proxy` does: `{"protocol": "http", …}` is the
+	// `http.reverse_proxy.transport.http` module with all its options (TLS
+	// trust pools and client certificates, `tls_insecure_skip_verify`, dial
+	// and response-header timeouts, keep-alive, forward proxies, HTTP
+	// versions). Absent (the default): a transport tuned for LLM traffic
+	// (10s dial and TLS handshake timeouts, 30s TCP keep-alive, up to 1024
+	// idle connections per host kept 2m, HTTP/2 when offered, the system's
+	// CAs, `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` from the environment).
+	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=http.reverse_proxy.transport inline_key=protocol"`
 }
 
 // Upstream is a real model at a provider, with its own slot limit. Models
@@ -171,6 +185,108 @@ func (t *ThinkTags) UnmarshalJSON(b []byte) error {
 	}
 	*t = ThinkTags(s)
 	return nil
+}
+
+// UnmarshalJSON decodes the handler config strictly, as Caddy decodes every
+// module (an unknown field is an error). When that fails, it names the entry
+// and the field, e.g. `upstreams[2] "gpu": first_byte_timeout: invalid
+// duration "3x"`, instead of the bare message of the value's decoder: the
+// admin API's /load answers with it.
+func (h *Handler) UnmarshalJSON(b []byte) error {
+	type plain Handler // the same fields, without this method
+	if err := decodeStrictly(b, (*plain)(h)); err != nil {
+		return locateDecodeError(b, err, func() any { return new(plain) })
+	}
+	return nil
+}
+
+func decodeStrictly(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
+// configLists are the handler's lists of entries, each decoded on its own
+// to find the entry that failed.
+var configLists = []struct {
+	key      string
+	newEntry func() any
+}{
+	{"providers", func() any { return new(Provider) }},
+	{"upstreams", func() any { return new(Upstream) }},
+	{"models", func() any { return new(Model) }},
+}
+
+// locateDecodeError finds where the handler config b failed to decode with
+// err: the first entry of a list that fails on its own, else the first
+// handler field. It returns err itself when b is not even a JSON object.
+// This runs only for a config that does not load.
+func locateDecodeError(b []byte, err error, newHandler func() any) error {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(b, &top) != nil {
+		return err
+	}
+	for _, list := range configLists {
+		var entries []json.RawMessage
+		if json.Unmarshal(top[list.key], &entries) != nil {
+			continue // not a list: the handler-level pass below says so
+		}
+		for i, e := range entries {
+			if ferr := locateField(e, list.newEntry); ferr != nil {
+				return fmt.Errorf("%s[%d]%s: %v", list.key, i, entryName(e), ferr)
+			}
+		}
+	}
+	if ferr := locateField(b, newHandler); ferr != nil {
+		return ferr
+	}
+	return err
+}
+
+// locateField decodes each field of the JSON object obj alone into a fresh
+// value and returns the first failure as "<field>: <reason>".
+func locateField(obj json.RawMessage, newValue func() any) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(obj, &fields); err != nil {
+		return errors.New("must be a JSON object")
+	}
+	names := make([]string, 0, len(fields))
+	for name := range fields {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		one, _ := json.Marshal(map[string]json.RawMessage{name: fields[name]})
+		err := decodeStrictly(one, newValue())
+		if err == nil {
+			continue
+		}
+		if strings.HasPrefix(err.Error(), "json: unknown field ") {
+			return fmt.Errorf("unknown field %q", name)
+		}
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("%s: want %v, got %s", name, te.Type, te.Value)
+		}
+		return fmt.Errorf("%s: %v", name, err)
+	}
+	return nil
+}
+
+// entryName renders the id (or name) of a list entry for an error, ` "gpu"`,
+// or "" when it has none.
+func entryName(e json.RawMessage) string {
+	var named struct {
+		ID   any `json:"id"`
+		Name any `json:"name"`
+	}
+	_ = json.Unmarshal(e, &named)
+	for _, v := range []any{named.ID, named.Name} {
+		if s, ok := v.(string); ok && s != "" {
+			return fmt.Sprintf(" %q", s)
+		}
+	}
+	return ""
 }
 
 // validate checks ids, references and values, and names the offending entry
@@ -309,6 +425,17 @@ func validHeaderName(s string) bool {
 	return true
 }
 
+// validHeaderValue reports whether s can be sent as a header value: no
+// control characters (CR and LF above all) other than horizontal tab.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
 // checkStaticHeader rejects provider headers that would smuggle credentials
 // or break framing; the key goes through Provider.Key only.
 func checkStaticHeader(name string) error {
@@ -322,17 +449,24 @@ func checkStaticHeader(name string) error {
 	return nil
 }
 
+// CheckProviderURL reports whether raw is usable as a provider url: an
+// absolute http or https URL with a host and without query or fragment.
+// The Caddyfile adapter calls it so that `caddy adapt` rejects a bad url at
+// its line; provisioning checks the same.
+func CheckProviderURL(raw string) error { return checkBaseURL(raw) }
+
 // checkBaseURL accepts an absolute http(s) URL without query or fragment.
 func checkBaseURL(raw string) error {
 	if raw == "" {
 		return fmt.Errorf("is required")
 	}
+	if lower := strings.ToLower(raw); !strings.HasPrefix(lower, "http://") && !strings.HasPrefix(lower, "https://") {
+		// Checked first: "localhost:8080/v1" would parse as scheme "localhost".
+		return fmt.Errorf("%q must start with http:// or https://", redactURL(raw))
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return fmt.Errorf("%q is not a valid URL", redactURL(raw))
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("%q must start with http:// or https://", redactURL(raw))
 	}
 	if u.Host == "" {
 		return fmt.Errorf("%q has no host", redactURL(raw))

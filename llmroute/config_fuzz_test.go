@@ -50,13 +50,20 @@ func FuzzJSONConfig(f *testing.F) {
 		h.metrics = getMetrics() // compileRoute binds the per-target counters
 		repl := caddy.NewReplacer()
 		providers := make(map[string]*Provider)
+		conns := make(map[string]*providerConn)
 		for i := range h.Providers {
-			providers[h.Providers[i].ID] = &h.Providers[i]
+			p := &h.Providers[i]
+			p.TransportRaw = nil // loading a module needs a running config
+			conn, err := h.connectProvider(caddy.Context{}, p, repl)
+			if err != nil {
+				return // Provision stops here too
+			}
+			providers[p.ID], conns[p.ID] = p, conn
 		}
 		h.upstreams = make(map[string]*upstream)
 		for _, uc := range h.Upstreams {
 			p := providers[uc.Provider]
-			u, err := h.compileUpstream(uc, p, nil, repl)
+			u, err := h.compileUpstream(uc, p, conns[p.ID], nil)
 			if err != nil {
 				return // Provision stops here too
 			}

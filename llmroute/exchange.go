@@ -120,7 +120,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 	}
 	defer ex.w8.stop()
 
-	resp, err := h.transport.RoundTrip(h.upstreamRequest(ex.ctx, r, u, out, reqBody))
+	resp, err := u.transport.RoundTrip(h.upstreamRequest(ex.ctx, r, u, out, reqBody))
 	if err != nil {
 		return h.classifyError(r, u, &ex.w8, ex.ctx, err)
 	}

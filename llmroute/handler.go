@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
@@ -95,7 +96,10 @@ type Handler struct {
 	logger    *zap.Logger
 	metrics   *routeMetrics
 	refs      poolRefs
-	transport *http.Transport
+	transport *http.Transport // the default for providers without a transport module
+
+	events     *caddyevents.App // of this handler's config; nil in a bare context
+	generation *generation      // the config's metric series
 
 	upstreams  map[string]*upstream
 	routes     map[string]*route

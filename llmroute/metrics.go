@@ -3,9 +3,11 @@ package llmroute
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // The metric names are those of the original llm-proxy, so existing
@@ -85,18 +87,210 @@ func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- queueDepthDesc
 }
 
+// Collect reports every upstream of a loaded config and every upstream that
+// a reload removed while requests still run on it (until the last ends, when
+// release drops it from draining), then the queue depths.
 func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
-	upstreamPool.Range(func(_, v any) bool {
-		s := v.(*upstreamState)
+	seen := make(map[string]bool)
+	report := func(s *upstreamState) {
 		p := s.providerID()
 		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(s.inflight.Load()), s.id, p)
 		ch <- prometheus.MustNewConstMetric(failStreakDesc, prometheus.GaugeValue, float64(s.failStreak.Load()), s.id, p)
 		cooling := max(s.coolingLeft(s.backoff.Load(), now), 0).Seconds()
 		ch <- prometheus.MustNewConstMetric(coolingDesc, prometheus.GaugeValue, cooling, s.id, p)
+	}
+	upstreamPool.Range(func(_, v any) bool {
+		s := v.(*upstreamState)
+		seen[s.id] = true
+		report(s)
 		return true
 	})
-	forEachQueue(func(model string, depth int) {
-		ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(depth), model)
+	draining.Range(func(_, v any) bool {
+		// A re-added id is in the pool with the very same state: once only.
+		if s := v.(*upstreamState); !seen[s.id] {
+			seen[s.id] = true
+			report(s)
+		}
+		return true
 	})
+
+	// Waiters of a model no config has any more still show until they
+	// leave; a model without waiters shows while a running config queues it.
+	depths := make(map[string]int)
+	forEachQueue(func(model string, depth int) { depths[model] = depth })
+	if queued := liveQueues.Load(); queued != nil {
+		for model := range *queued {
+			if _, ok := depths[model]; !ok {
+				depths[model] = 0
+			}
+		}
+		for model, depth := range depths {
+			if depth == 0 && !(*queued)[model] {
+				delete(depths, model)
+			}
+		}
+	}
+	for model, depth := range depths {
+		ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(depth), model)
+	}
+}
+
+// ---- which series a loaded config has ----
+
+// A config's handlers join one generation (keyed by the config's events
+// app, one per loaded config). When the config has started, the series of
+// models and upstreams that none of its handlers has are deleted: a reload
+// that renames or removes them leaves no stale series. A config that never
+// starts (a failed load, `caddy validate`) deletes, when it is cleaned up,
+// the series it created while provisioning that the running config does not
+// have, so it changes nothing.
+type generation struct {
+	handlers map[*Handler]bool
+	started  bool
+}
+
+var generations = struct {
+	mu       sync.Mutex
+	byConfig map[any]*generation
+	current  *generation // the last config that started
+}{byConfig: make(map[any]*generation)}
+
+// liveQueues is the set of model names that the running config gives a
+// queue, for llm_proxy_queue_depth (nil before any config started).
+var liveQueues atomic.Pointer[map[string]bool]
+
+// joinGeneration adds h to the generation of its config.
+func joinGeneration(config any, h *Handler) *generation {
+	generations.mu.Lock()
+	defer generations.mu.Unlock()
+	g := generations.byConfig[config]
+	if g == nil {
+		g = &generation{handlers: make(map[*Handler]bool)}
+		generations.byConfig[config] = g
+	}
+	g.handlers[h] = true
+	return g
+}
+
+// startGeneration makes g the running config and drops every series it
+// does not have. Each handler's started hook calls it; the repeats find
+// nothing more to drop.
+func startGeneration(g *generation) {
+	generations.mu.Lock()
+	defer generations.mu.Unlock()
+	g.started = true
+	generations.current = g
+	pruneSeries(g)
+}
+
+// leaveGeneration removes a cleaned-up handler. If its config never
+// started, the series its provisioning created go again; if it was the
+// running config and nothing replaced it (Caddy stopped), every series goes.
+func leaveGeneration(h *Handler) {
+	g := h.generation
+	if g == nil {
+		return
+	}
+	h.generation = nil
+	generations.mu.Lock()
+	defer generations.mu.Unlock()
+	delete(g.handlers, h)
+	if len(g.handlers) == 0 {
+		delete(generations.byConfig, h.events)
+	}
+	switch {
+	case !g.started:
+		pruneSeries(generations.current)
+	case g == generations.current && len(g.handlers) == 0:
+		generations.current = nil
+		pruneSeries(nil)
+	}
+}
+
+// liveSeries are the label sets of one generation.
+type liveSeries struct {
+	targets   map[[3]string]bool // model, upstream, provider
+	upstreams map[[2]string]bool // upstream, provider
+	models    map[string]bool
+	queued    map[string]bool // models with a queue
+}
+
+func seriesOf(g *generation) liveSeries {
+	s := liveSeries{
+		targets:   make(map[[3]string]bool),
+		upstreams: make(map[[2]string]bool),
+		models:    make(map[string]bool),
+		queued:    make(map[string]bool),
+	}
+	if g == nil {
+		return s
+	}
+	for h := range g.handlers {
+		for _, u := range h.upstreams {
+			s.upstreams[[2]string{u.id, u.provider}] = true
+		}
+		for _, rt := range h.routes {
+			s.models[rt.name] = true
+			if rt.queueSize > 0 {
+				s.queued[rt.name] = true
+			}
+			for _, t := range rt.targets {
+				s.targets[[3]string{rt.name, t.up.id, t.up.provider}] = true
+			}
+		}
+	}
+	return s
+}
+
+// pruneSeries deletes the counter and histogram series of label sets that g
+// (nil = no config) does not have, and publishes its queued models. Called
+// with generations.mu held, on a reload only: never on the request path.
+func pruneSeries(g *generation) {
+	live := seriesOf(g)
+	liveQueues.Store(&live.queued)
+	m := getMetrics()
+	deleteSeries(m.requests, func(l prometheus.Labels) bool {
+		return live.targets[[3]string{l["model"], l["upstream"], l["provider"]}]
+	})
+	deleteSeries(m.probes, func(l prometheus.Labels) bool {
+		return live.upstreams[[2]string{l["upstream"], l["provider"]}]
+	})
+	deleteSeries(m.queueWait, func(l prometheus.Labels) bool {
+		return live.models[l["model"]]
+	})
+}
+
+// labelledVec is what CounterVec and HistogramVec have in common.
+type labelledVec interface {
+	prometheus.Collector
+	Delete(prometheus.Labels) bool
+}
+
+// deleteSeries deletes every series of vec whose labels keep rejects. The
+// series are read first and deleted after: Delete takes the lock that
+// Collect holds.
+func deleteSeries(vec labelledVec, keep func(prometheus.Labels) bool) {
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		vec.Collect(ch)
+		close(ch)
+	}()
+	var drop []prometheus.Labels
+	for m := range ch {
+		var pb dto.Metric
+		if m.Write(&pb) != nil {
+			continue
+		}
+		l := make(prometheus.Labels, len(pb.GetLabel()))
+		for _, lp := range pb.GetLabel() {
+			l[lp.GetName()] = lp.GetValue()
+		}
+		if !keep(l) {
+			drop = append(drop, l)
+		}
+	}
+	for _, l := range drop {
+		vec.Delete(l)
+	}
 }

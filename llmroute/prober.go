@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -133,6 +134,9 @@ func (h *Handler) probe(parent context.Context, u *upstream) {
 // sendProbe reports whether the upstream answered 2xx and sent a first body
 // byte before ctx ended.
 func (h *Handler) sendProbe(ctx context.Context, u *upstream) (bool, int) {
+	// A transport module may read placeholders (e.g. a tls_server_name with
+	// one) from the request's replacer; requests of clients carry Caddy's.
+	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, caddy.NewReplacer())
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.url, bytes.NewReader(u.probeBody))
 	if err != nil {
 		return false, 0
@@ -145,7 +149,7 @@ func (h *Handler) sendProbe(ctx context.Context, u *upstream) (bool, int) {
 	for _, kv := range u.headers {
 		req.Header.Set(kv[0], kv[1])
 	}
-	resp, err := h.transport.RoundTrip(req)
+	resp, err := u.transport.RoundTrip(req)
 	if err != nil {
 		return false, 0
 	}

@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,7 +45,8 @@ type upstream struct {
 	target     *url.URL // url, parsed once
 	auth       string   // "Bearer <key>", or "" for no Authorization header
 	headers    [][2]string
-	forward    []string // provider forward_headers, canonical
+	forward    []string          // provider forward_headers, canonical
+	transport  http.RoundTripper // the provider's transport module, else the handler's default
 	sessionHdr string
 
 	limit         int64 // unlimited when none is configured
@@ -96,6 +99,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.metrics.register(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
+	h.joinConfig(ctx)
 	if err := validateConfig(h.Providers, h.Upstreams, h.Models); err != nil {
 		return err
 	}
@@ -119,20 +123,26 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		providers[h.Providers[i].ID] = &h.Providers[i]
 	}
 	repl := caddy.NewReplacer()
+	h.transport = newTransport()
+	conns := make(map[string]*providerConn, len(h.Providers))
 	providerPatches := make(map[string]*transform.Patch, len(h.Providers))
-	for _, p := range h.Providers {
+	for i := range h.Providers {
+		p := &h.Providers[i]
 		patch, err := transform.CompilePatch(p.Patch)
 		if err != nil {
 			return fmt.Errorf("llm_route config: provider %q: patch: %v", p.ID, err)
 		}
 		providerPatches[p.ID] = patch
+		if conns[p.ID], err = h.connectProvider(ctx, p, repl); err != nil {
+			return err
+		}
 	}
 
 	h.upstreams = make(map[string]*upstream, len(h.Upstreams))
 	backoffs := make(map[string]*backoffState)
 	for _, uc := range h.Upstreams {
 		p := providers[uc.Provider]
-		u, err := h.compileUpstream(uc, p, providerPatches[p.ID], repl)
+		u, err := h.compileUpstream(uc, p, conns[p.ID], providerPatches[p.ID])
 		if err != nil {
 			return err
 		}
@@ -172,10 +182,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.created = time.Now().Unix()
 	h.modelsBody = modelsListBody(h.modelList, h.created)
 
-	h.transport = newTransport()
 	h.logSummary()
 
-	h.applySharedWhenStarted(ctx)
+	h.applySharedWhenStarted()
 
 	h.stopProber = make(chan struct{})
 	h.proberDone = make(chan struct{})
@@ -183,8 +192,64 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// providerConn is how one provider is reached: the resolved key and
+// headers, and the transport.
+type providerConn struct {
+	auth      string // "Bearer <key>", or "" for no Authorization header
+	headers   [][2]string
+	transport http.RoundTripper
+}
+
+// connectProvider resolves a provider's key and headers (placeholders
+// included) and loads its transport module, if it has one.
+func (h *Handler) connectProvider(ctx caddy.Context, p *Provider, repl *caddy.Replacer) (*providerConn, error) {
+	where := fmt.Sprintf("llm_route config: provider %q", p.ID)
+	c := &providerConn{transport: h.transport}
+	key := resolveSecret(repl, p.Key)
+	switch {
+	case key != "":
+		if !validHeaderValue(key) {
+			return nil, fmt.Errorf("%s: key contains a line break or another control character", where)
+		}
+		c.auth = "Bearer " + key
+	case p.Key != "":
+		// `key {env.TYPO}`: most likely a mistake, and the upstream's 401s
+		// would be the first sign of it.
+		h.logger.Warn("provider key resolves to empty; requests go without an Authorization header",
+			zap.String("provider", p.ID))
+	}
+	names := make([]string, 0, len(p.Headers))
+	for name := range p.Headers {
+		names = append(names, name)
+	}
+	sort.Strings(names) // the first error named is always the same one
+	for _, name := range names {
+		val := repl.ReplaceAll(p.Headers[name], "")
+		if !validHeaderValue(val) {
+			// Sent as is, it would fail every request as a connection error.
+			return nil, fmt.Errorf("%s: header %q: value contains a line break or another control character", where, name)
+		}
+		c.headers = append(c.headers, [2]string{http.CanonicalHeaderKey(name), val})
+	}
+	if p.TransportRaw != nil {
+		mod, err := ctx.LoadModule(p, "TransportRaw")
+		if err != nil {
+			return nil, fmt.Errorf("%s: loading transport: %v", where, err)
+		}
+		rt, ok := mod.(http.RoundTripper)
+		if !ok {
+			return nil, fmt.Errorf("%s: transport module %T is not an HTTP transport", where, mod)
+		}
+		if tt, ok := rt.(interface{ TLSEnabled() bool }); ok && tt.TLSEnabled() && strings.HasPrefix(p.URL, "http://") {
+			return nil, fmt.Errorf("%s: the transport is configured for TLS but the url is http://", where)
+		}
+		c.transport = rt
+	}
+	return c, nil
+}
+
 // compileUpstream resolves one upstream's effective settings.
-func (h *Handler) compileUpstream(uc Upstream, p *Provider, providerPatch *transform.Patch, repl *caddy.Replacer) (*upstream, error) {
+func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, providerPatch *transform.Patch) (*upstream, error) {
 	where := fmt.Sprintf("llm_route config: upstream %q", uc.ID)
 	u := &upstream{
 		id:          uc.ID,
@@ -193,6 +258,9 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, providerPatch *trans
 		providerAny: p.ID,
 		model:       uc.Model,
 		url:         strings.TrimSuffix(p.URL, "/") + "/chat/completions",
+		auth:        conn.auth,
+		headers:     conn.headers,
+		transport:   conn.transport,
 		sessionHdr:  http.CanonicalHeaderKey(p.SessionHeader),
 		reasoning:   p.ReasoningField,
 		emptyOK:     p.ReasoningEmptyOK,
@@ -202,16 +270,6 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, providerPatch *trans
 		return nil, fmt.Errorf("%s: url: %q is not a valid URL", where, redactURL(u.url))
 	}
 	u.target = target
-	key := resolveSecret(repl, p.Key)
-	if key != "" {
-		if strings.ContainsAny(key, "\r\n") {
-			return nil, fmt.Errorf("llm_route config: provider %q: key contains a line break", p.ID)
-		}
-		u.auth = "Bearer " + key
-	}
-	for name, val := range p.Headers {
-		u.headers = append(u.headers, [2]string{http.CanonicalHeaderKey(name), repl.ReplaceAll(val, "")})
-	}
 
 	u.limit = unlimited
 	switch {
@@ -309,6 +367,7 @@ func resolveSecret(repl *caddy.Replacer, s string) string {
 func newTransport() *http.Transport {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           dialer.DialContext,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          0, // no global cap
@@ -338,19 +397,17 @@ func (h *Handler) Cleanup() error {
 		h.transport.CloseIdleConnections()
 	}
 	h.refs.release()
+	leaveGeneration(h)
 	return nil
 }
 
 // logSummary writes the start-up summary: counts and effective settings,
-// never keys.
+// never keys. Durations are written with their unit ("30s"), 0 as "off"
+// where 0 disables the timer.
 func (h *Handler) logSummary() {
 	ups := make([]zap.Field, 0, len(h.upstreams))
 	for _, uc := range h.Upstreams {
 		u := h.upstreams[uc.ID]
-		limit := "unlimited"
-		if u.limit != unlimited {
-			limit = fmt.Sprint(u.limit)
-		}
 		backoff := "off"
 		if u.backoffScope != "" {
 			backoff = u.backoffScope + ":" + Duration(u.backoffCap).String()
@@ -359,24 +416,43 @@ func (h *Handler) logSummary() {
 			zap.String("provider", u.provider),
 			zap.String("url", redactURL(u.url)),
 			zap.String("model", u.model),
-			zap.String("limit", limit),
+			limitField(u.limit),
 			zap.String("think_tags", u.think.String()),
 			zap.String("backoff", backoff),
-			zap.Duration("first_byte_timeout", u.firstByte),
-			zap.Duration("stream_idle_timeout", u.streamIdle),
-			zap.Duration("probe_interval", u.probeInterval),
+			timerField("first_byte_timeout", u.firstByte),
+			timerField("stream_idle_timeout", u.streamIdle),
+			timerField("probe_interval", u.probeInterval),
 			zap.Bool("auth", u.auth != ""),
+			zap.Bool("custom_transport", u.transport != h.transport),
 		))
 	}
 	h.logger.Info("llm_route configured",
 		zap.Int("providers", len(h.Providers)),
 		zap.Int("upstreams", len(h.Upstreams)),
 		zap.Int("models", len(h.Models)),
-		zap.Duration("request_timeout", h.requestTimeout),
-		zap.Duration("client_write_timeout", h.clientWrite),
+		timerField("request_timeout", h.requestTimeout),
+		timerField("client_write_timeout", h.clientWrite),
 		zap.Int64("max_request_body", h.maxBody),
 		zap.Dict("effective", ups...),
 	)
+}
+
+// limitField logs a slot limit the same way everywhere: "unlimited" (never
+// the sentinel 9223372036854775807) or the number, always as a string so
+// that log pipelines see one type for the field.
+func limitField(limit int64) zap.Field {
+	if limit == unlimited {
+		return zap.String("limit", "unlimited")
+	}
+	return zap.String("limit", strconv.FormatInt(limit, 10))
+}
+
+// timerField logs a duration setting with its unit, "off" when 0 disables it.
+func timerField(name string, d time.Duration) zap.Field {
+	if d == 0 {
+		return zap.String(name, "off")
+	}
+	return zap.String(name, Duration(d).String())
 }
 
 // attemptContext bounds one upstream exchange by request_timeout.
@@ -403,26 +479,40 @@ func (u *upstream) applyShared() {
 // throws away (a failed load, a validation), and those must not change the
 // limits the running config enforces. A raised limit may admit waiting
 // requests at once.
-func (h *Handler) applySharedWhenStarted(ctx caddy.Context) {
+func (h *Handler) applySharedWhenStarted() {
 	apply := func() {
 		for _, u := range h.upstreams {
 			u.applyShared()
 		}
 		sched.dispatch()
 	}
-	if ctx.Module() == nil {
-		// A bare caddy.NewContext (unit tests, benchmarks): it has no config,
-		// and ctx.App would dereference the missing one.
+	if h.events == nil {
+		apply() // no config to wait for (a bare test context)
+		return
+	}
+	gen := h.generation
+	started := func() {
 		apply()
+		startGeneration(gen)
+	}
+	if err := h.events.On("started", startedHook{started}); err != nil {
+		started()
+	}
+}
+
+// joinConfig finds the config this handler belongs to by its events app
+// (one per loaded config) and joins that config's metric generation. A bare
+// caddy.NewContext (unit tests, benchmarks) has no config, and ctx.App
+// would dereference the missing one.
+func (h *Handler) joinConfig(ctx caddy.Context) {
+	if ctx.Module() == nil {
 		return
 	}
 	app, err := ctx.App("events")
 	if ev, ok := app.(*caddyevents.App); err == nil && ok {
-		if err := ev.On("started", startedHook{apply}); err == nil {
-			return
-		}
+		h.events = ev
+		h.generation = joinGeneration(ev, h)
 	}
-	apply() // no event bus (e.g. a bare test context): apply now
 }
 
 // startedHook runs a function on Caddy's "started" event. It is a struct

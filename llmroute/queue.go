@@ -123,7 +123,7 @@ func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) 
 			if log != nil {
 				if c := log.Check(zapcore.DebugLevel, "request accepted"); c != nil {
 					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
-						zap.Int64("slot", n), zap.Int64("limit", u.limit))
+						zap.Int64("slot", n), limitField(u.limit))
 				}
 			}
 			return i, true

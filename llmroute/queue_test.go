@@ -1,0 +1,268 @@
+package llmroute
+
+// Unit tests of the scheduler (queue.go): arrival order across models, the
+// slot claimed for the oldest waiter before it wakes, and waiters that
+// leave. Each test uses its own model and upstream names: the scheduler is
+// process-wide.
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// schedUpstream is an upstream outside Caddy with the given slot limit.
+func schedUpstream(id string, limit int64) *upstream {
+	st := &upstreamState{id: id}
+	st.limit.Store(limit)
+	return &upstream{id: id, provider: "p", limit: limit, state: st}
+}
+
+// schedRoute is a model over the given upstreams with a queue.
+func schedRoute(name string, queue int, timeout time.Duration, ups ...*upstream) *route {
+	rt := &route{name: name, queueSize: queue, queueTimeout: timeout}
+	for _, u := range ups {
+		rt.targets = append(rt.targets, target{up: u})
+	}
+	return rt
+}
+
+func schedHandler() *Handler { return &Handler{logger: zap.NewNop(), metrics: getMetrics()} }
+
+// waitResult is what one queued request got.
+type waitResult struct {
+	who string
+	idx int
+	err *apiError
+}
+
+// enqueue starts a request of rt that waits in the queue and blocks until it
+// is queued (depth of its model is depth); its result arrives on out.
+func enqueue(t *testing.T, h *Handler, ctx context.Context, rt *route, who string, depth int, out chan<- waitResult) {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(ctx)
+	go func() {
+		idx, err := h.wait(r, rt)
+		out <- waitResult{who, idx, err}
+	}()
+	waitFor(t, who+" queued", func() bool { return queueDepth(rt.name) == depth })
+}
+
+func queueDepth(model string) int {
+	sched.mu.Lock()
+	defer sched.mu.Unlock()
+	return sched.depth[model]
+}
+
+// waitFor polls cond with a deadline generous enough for a loaded machine.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// next returns the next result, failing after a generous deadline.
+func next(t *testing.T, ch <-chan waitResult) waitResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no waiter was admitted")
+	}
+	return waitResult{}
+}
+
+// nothingYet checks that no further waiter was admitted.
+func nothingYet(t *testing.T, ch <-chan waitResult) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s was admitted without a free slot (idx %d, err %v)", r.who, r.idx, r.err)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+func TestSchedulerArrivalOrderAcrossModels(t *testing.T) {
+	h := schedHandler()
+	shared := schedUpstream("sched-order-u", 1)
+	a := schedRoute("sched-order-a", 10, 0, shared)
+	b := schedRoute("sched-order-b", 10, 0, shared)
+	if _, ok := shared.state.tryClaim(); !ok {
+		t.Fatal("the only slot is taken")
+	}
+	out := make(chan waitResult, 4)
+	ctx := context.Background()
+	enqueue(t, h, ctx, b, "b1", 1, out)
+	enqueue(t, h, ctx, a, "a1", 1, out)
+	enqueue(t, h, ctx, b, "b2", 2, out)
+	enqueue(t, h, ctx, a, "a2", 2, out)
+	nothingYet(t, out)
+
+	// Each freed slot goes to the earliest waiter of either model.
+	for _, want := range []string{"b1", "a1", "b2", "a2"} {
+		shared.state.release()
+		got := next(t, out)
+		if got.who != want || got.err != nil || got.idx != 0 {
+			t.Fatalf("admitted %s (idx %d, err %v), want %s", got.who, got.idx, got.err, want)
+		}
+		nothingYet(t, out)
+	}
+	shared.state.release()
+	if n := shared.state.inflight.Load(); n != 0 {
+		t.Errorf("inflight = %d after every waiter finished, want 0", n)
+	}
+	if d := queueDepth("sched-order-a") + queueDepth("sched-order-b"); d != 0 {
+		t.Errorf("queue depth %d after every waiter left", d)
+	}
+}
+
+func TestSchedulerClaimsTheSlotForTheOldestWaiter(t *testing.T) {
+	h := schedHandler()
+	u := schedUpstream("sched-claim-u", 1)
+	queued := schedRoute("sched-claim-q", 10, 0, u)
+	noQueue := schedRoute("sched-claim-n", 0, 0, u)
+	u.state.tryClaim()
+	out := make(chan waitResult, 1)
+	enqueue(t, h, context.Background(), queued, "waiter", 1, out)
+
+	// The release hands the slot over before it returns: the slot is taken
+	// (for the waiter) before the waiter even runs, so nobody can barge in.
+	u.state.release()
+	if n := u.state.inflight.Load(); n != 1 {
+		t.Fatalf("inflight = %d right after the release, want 1 (claimed for the waiter)", n)
+	}
+	if _, ok := u.state.tryClaim(); ok {
+		t.Fatal("a newcomer took the slot freed for the waiter")
+	}
+	// A queue-less request arriving now is refused, not served first.
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	if idx, err := h.admit(r, noQueue); err == nil {
+		t.Fatalf("a newcomer was admitted (idx %d) while the slot was the waiter's", idx)
+	}
+	if got := next(t, out); got.who != "waiter" || got.err != nil {
+		t.Fatalf("waiter: idx %d err %v", got.idx, got.err)
+	}
+	u.state.release()
+
+	// With a free slot and nobody waiting, admission is immediate.
+	idx, err := h.admit(r, noQueue)
+	if err != nil || idx != 0 {
+		t.Fatalf("admit with a free slot: idx %d err %v", idx, err)
+	}
+	u.state.release()
+}
+
+func TestSchedulerSecondUpstreamAndStuckModels(t *testing.T) {
+	// A waiter of a model whose upstreams are all busy must not hold up a
+	// later waiter of another model whose upstream frees.
+	h := schedHandler()
+	busy := schedUpstream("sched-stuck-busy", 1)
+	other := schedUpstream("sched-stuck-other", 1)
+	stuck := schedRoute("sched-stuck-s", 10, 0, busy)
+	free := schedRoute("sched-stuck-f", 10, 0, busy, other)
+	busy.state.tryClaim()
+	other.state.tryClaim()
+	out := make(chan waitResult, 2)
+	enqueue(t, h, context.Background(), stuck, "stuck", 1, out)
+	enqueue(t, h, context.Background(), free, "free", 1, out)
+	other.state.release()
+	if got := next(t, out); got.who != "free" || got.idx != 1 {
+		t.Fatalf("admitted %s at idx %d, want free at idx 1 (its second upstream)", got.who, got.idx)
+	}
+	nothingYet(t, out)
+	busy.state.release()
+	if got := next(t, out); got.who != "stuck" || got.idx != 0 {
+		t.Fatalf("admitted %s at idx %d, want stuck at idx 0", got.who, got.idx)
+	}
+	busy.state.release()
+	other.state.release()
+}
+
+func TestSchedulerWaiterThatLeaves(t *testing.T) {
+	h := schedHandler()
+	u := schedUpstream("sched-leave-u", 1)
+	rt := schedRoute("sched-leave", 10, 0, u)
+	u.state.tryClaim()
+
+	t.Run("client gone", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		out := make(chan waitResult, 1)
+		enqueue(t, h, ctx, rt, "cancelled", 1, out)
+		cancel()
+		if got := next(t, out); got.err != errClientGone {
+			t.Fatalf("a cancelled waiter got idx %d err %v, want errClientGone", got.idx, got.err)
+		}
+		if d := queueDepth(rt.name); d != 0 {
+			t.Errorf("queue depth %d after the waiter left", d)
+		}
+		if w := sched.waiting.Load(); w != 0 {
+			t.Errorf("scheduler still counts %d waiters", w)
+		}
+	})
+
+	t.Run("queue timeout", func(t *testing.T) {
+		timed := schedRoute("sched-leave-timeout", 10, 30*time.Millisecond, u)
+		out := make(chan waitResult, 1)
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		go func() {
+			idx, err := h.wait(r, timed)
+			out <- waitResult{"timed", idx, err}
+		}()
+		got := next(t, out)
+		if got.err == nil || got.err.code != errQueueTimeout.code {
+			t.Fatalf("got idx %d err %v, want the queue timeout", got.idx, got.err)
+		}
+		if d := queueDepth(timed.name); d != 0 {
+			t.Errorf("queue depth %d after the timeout", d)
+		}
+	})
+
+	t.Run("queue full", func(t *testing.T) {
+		small := schedRoute("sched-leave-full", 1, 0, u)
+		ctx, cancel := context.WithCancel(context.Background())
+		out := make(chan waitResult, 2)
+		enqueue(t, h, ctx, small, "first", 1, out)
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		if _, err := h.wait(r, small); err == nil || err.code != errQueueFull.code {
+			t.Fatalf("second waiter of a queue of one: err %v, want queue full", err)
+		}
+		cancel()
+		if got := next(t, out); got.err != errClientGone {
+			t.Fatalf("first: err %v", got.err)
+		}
+	})
+
+	// A waiter that is admitted while it leaves hands the slot on: whichever
+	// wins the race, no slot is lost and none is counted twice.
+	t.Run("admitted while leaving", func(t *testing.T) {
+		for i := 0; i < 200; i++ {
+			ctx, cancel := context.WithCancel(context.Background())
+			out := make(chan waitResult, 1)
+			enqueue(t, h, ctx, rt, "racer", 1, out)
+			go u.state.release()
+			cancel()
+			got := next(t, out)
+			if got.err == nil {
+				u.state.release() // it was admitted: its request would end now
+			} else if got.err != errClientGone {
+				t.Fatalf("racer: err %v", got.err)
+			}
+			waitFor(t, "the slot back with nobody holding it", func() bool { return u.state.inflight.Load() == 0 })
+			u.state.tryClaim() // taken again for the next round
+		}
+	})
+	u.state.release()
+	if n := u.state.inflight.Load(); n != 0 {
+		t.Errorf("inflight = %d at the end, want 0", n)
+	}
+}
