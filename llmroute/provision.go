@@ -323,6 +323,7 @@ func (h *Handler) Validate() error { return nil }
 // this instance's references to the shared state. Requests still running on
 // an old instance keep working: they hold pointers to the shared state.
 func (h *Handler) Cleanup() error {
+	unregisterHandler(h)
 	if h.proberDone != nil {
 		close(h.stopProber)
 		<-h.proberDone
@@ -400,6 +401,7 @@ func (h *Handler) applySharedWhenStarted(ctx caddy.Context) {
 		for _, u := range h.upstreams {
 			u.applyShared()
 		}
+		registerHandler(h) // the admin API reports running configs only
 		sched.dispatch()
 	}
 	if ctx.Module() == nil {
