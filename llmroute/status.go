@@ -252,7 +252,6 @@ func queueDepths() map[string]int {
 	return out
 }
 
-
 // Verdicts of GET /llm_route/explain, one per upstream of the model.
 const (
 	verdictAvailable = "available"
