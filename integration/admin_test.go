@@ -154,14 +154,16 @@ type visibility struct {
 	limited *fakeUpstream
 }
 
-func startVisibility(t *testing.T) *visibility {
+// startVisibility starts it; next builds handlers placed after llm_route on
+// the site (they may need the proxy's ports).
+func startVisibility(t *testing.T, next ...func(*proxy) any) *visibility {
 	t.Helper()
 	v := &visibility{gate: newGate(), flaky: newGate()}
 	heldUp := newUpstream(t, v.gate.handler(completion("held answer")))
 	flakyUp := newUpstream(t, v.flaky.handler(status(500)))
 	v.limited = newUpstream(t, status(429, "Retry-After", "120"))
 	freeUp := newUpstream(t, nil)
-	v.p = startProxy(t, cfg(
+	handler := cfg(
 		[]map[string]any{
 			obj("id", "p-held", "url", heldUp.base(), "key", "sk-test-secret-1"),
 			obj("id", "p-flaky", "url", flakyUp.base(), "backoff", "5m", "probe_interval", "1s"),
@@ -183,7 +185,14 @@ func startVisibility(t *testing.T) *visibility {
 			obj("name", "own", "upstreams", []string{"own"}),
 			obj("name", "mixed", "upstreams", []string{"limited", "held", "free"}),
 		},
-	))
+	)
+	v.p = startProxy(t, handler)
+	if len(next) > 0 {
+		for _, n := range next {
+			v.p.next = append(v.p.next, n(v.p))
+		}
+		v.p.load(handler) // before any request: nothing is in flight yet
+	}
 	t.Cleanup(func() { v.gate.open(); v.flaky.open() })
 
 	// Five concurrent failures: the backoff doubles to 16 s (1, 2, 4, 8, 16).
