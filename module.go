@@ -12,4 +12,6 @@ import (
 	_ "github.com/llm-route/caddy-llm-route/caddyfile"
 	// The http.handlers.llm_route module.
 	_ "github.com/llm-route/caddy-llm-route/llmroute"
+	// The `caddy llm-route status|explain` commands.
+	_ "github.com/llm-route/caddy-llm-route/llmroute/cli"
 )

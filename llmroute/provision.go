@@ -389,6 +389,7 @@ func (h *Handler) Validate() error { return nil }
 // this instance's references to the shared state. Requests still running on
 // an old instance keep working: they hold pointers to the shared state.
 func (h *Handler) Cleanup() error {
+	unregisterHandler(h)
 	if h.proberDone != nil {
 		close(h.stopProber)
 		<-h.proberDone
@@ -484,6 +485,7 @@ func (h *Handler) applySharedWhenStarted() {
 		for _, u := range h.upstreams {
 			u.applyShared()
 		}
+		registerHandler(h) // the admin API reports running configs only
 		sched.dispatch()
 	}
 	if h.events == nil {

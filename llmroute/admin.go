@@ -1,0 +1,192 @@
+package llmroute
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"html/template"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI is the `admin.api.llm_route` module: the router's live state on
+// Caddy's admin endpoint, behind the admin listener's host and origin checks
+// and any access control configured for it. It serves
+//
+//   - GET /llm_route/status — JSON snapshot of every upstream, provider and
+//     model of every running llm_route handler;
+//   - GET /llm_route/explain?model=M[&tokens=N] — where a request for M would
+//     go now and why, per upstream;
+//   - GET /llm_route/ — an HTML status page, rendered with the snapshot and
+//     refreshed by its script every second.
+//
+// It has no configuration: Caddy loads every admin.api module by itself.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.llm_route",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Routes returns the admin routes under /llm_route/.
+func (a adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/llm_route/status", Handler: caddy.AdminHandlerFunc(a.handleStatus)},
+		{Pattern: "/llm_route/explain", Handler: caddy.AdminHandlerFunc(a.handleExplain)},
+		{Pattern: "/llm_route/", Handler: caddy.AdminHandlerFunc(a.handlePage)},
+	}
+}
+
+var (
+	//go:embed admin_page.html
+	pageHTML string
+	//go:embed admin_page.js
+	pageJS []byte
+	//go:embed admin_page.css
+	pageCSS []byte
+
+	pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
+		"slots":    slotsText,
+		"cooling":  coolingText,
+		"limitMax": limitMax,
+		"since":    sinceText,
+	}).Parse(pageHTML))
+)
+
+// pageCSP allows nothing but the page's own assets: no inline script or
+// style, no other origin.
+const pageCSP = "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+
+func (adminAPI) handleStatus(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyGet(r); err != nil {
+		return err
+	}
+	return writeAdminJSON(w, snapshot(time.Now()))
+}
+
+func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyGet(r); err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	name := q.Get("model")
+	if name == "" {
+		apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "missing_model",
+			message: "explain needs ?model=NAME"}.write(w)
+		return nil
+	}
+	var tokens *int64
+	if s := q.Get("tokens"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_tokens",
+				message: "tokens must be a non-negative integer"}.write(w)
+			return nil
+		}
+		tokens = &n
+	}
+	rt := findRoute(name)
+	if rt == nil {
+		errUnknownModel(name).write(w)
+		return nil
+	}
+	return writeAdminJSON(w, explain(rt, tokens, time.Now()))
+}
+
+// handlePage serves the status page and its two assets; anything else under
+// /llm_route/ is a 404.
+func (adminAPI) handlePage(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyGet(r); err != nil {
+		return err
+	}
+	hdr := w.Header()
+	hdr.Set("Cache-Control", "no-store")
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	switch r.URL.Path {
+	case "/llm_route/":
+		var buf bytes.Buffer
+		if err := pageTemplate.Execute(&buf, snapshot(time.Now())); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+		}
+		hdr.Set("Content-Security-Policy", pageCSP)
+		hdr.Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(buf.Bytes())
+	case "/llm_route/page.js":
+		hdr.Set("Content-Type", "text/javascript; charset=utf-8")
+		_, _ = w.Write(pageJS)
+	case "/llm_route/page.css":
+		hdr.Set("Content-Type", "text/css; charset=utf-8")
+		_, _ = w.Write(pageCSS)
+	default:
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("not found")}
+	}
+	return nil
+}
+
+func onlyGet(r *http.Request) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed")}
+	}
+	return nil
+}
+
+func writeAdminJSON(w http.ResponseWriter, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, append(body, '\n'))
+	return nil
+}
+
+// Template helpers; page.js renders the same texts on refresh.
+
+// slotsText is "in use/limit", "∞" for unlimited.
+func slotsText(us upstreamStatus) string {
+	l := "∞"
+	if us.Limit != nil {
+		l = strconv.FormatInt(*us.Limit, 10)
+	}
+	return strconv.FormatInt(us.Inflight, 10) + "/" + l
+}
+
+// limitMax is the meter's maximum: the limit, or the in-flight count when
+// unlimited (a full bar reads "all that are running").
+func limitMax(us upstreamStatus) int64 {
+	if us.Limit != nil {
+		return *us.Limit
+	}
+	return max(us.Inflight, 1)
+}
+
+// coolingText is "12s (failure)", or "—" when available.
+func coolingText(us upstreamStatus) string {
+	if us.CoolingReason == nil {
+		return "—"
+	}
+	return strconv.Itoa(int(math.Ceil(us.CoolingSeconds))) + "s (" + *us.CoolingReason + ")"
+}
+
+// sinceText renders a time as UTC RFC 3339, "—" when unknown.
+func sinceText(t *time.Time) string {
+	if t == nil {
+		return "—"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// Interface guards
+var _ caddy.AdminRouter = adminAPI{}

@@ -1,0 +1,118 @@
+// Refreshes the llm_route status page from /llm_route/status every second,
+// in place. It builds nodes with textContent only (no innerHTML), and the
+// page's Content-Security-Policy allows no inline script or style, so this
+// file is served beside the page.
+"use strict";
+
+(function () {
+  const statusURL = "/llm_route/status";
+  let snap = null;      // last snapshot
+  let fetchedAt = 0;    // performance.now() when it arrived
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function slots(u) {
+    return u.inflight + "/" + (u.limit === null ? "\u221e" : u.limit);
+  }
+
+  // Cooling counts down locally between refreshes.
+  function cooling(u) {
+    if (u.cooling_reason === null) return "\u2014";
+    const left = u.cooling_seconds - (performance.now() - fetchedAt) / 1000;
+    return Math.max(Math.ceil(left), 0) + "s (" + u.cooling_reason + ")";
+  }
+
+  function when(t) {
+    return t === null ? "\u2014" : new Date(t).toISOString().replace(/\.\d+Z$/, "Z");
+  }
+
+  function upstreamRow(u) {
+    const tr = el("tr");
+    tr.dataset.upstream = u.id;
+    if (u.draining) tr.className = "draining";
+    else if (u.cooling_reason !== null) tr.className = "cooling-row";
+    const id = el("td", "id", u.id);
+    if (u.draining) { id.append(" "); id.append(el("span", "tag", "draining")); }
+    tr.append(id, el("td", "provider", u.provider), el("td", "model", u.model));
+    const meter = el("meter");
+    meter.min = 0;
+    meter.max = u.limit === null ? Math.max(u.inflight, 1) : u.limit;
+    meter.value = u.inflight;
+    const s = el("td", "slots");
+    s.append(meter, " ", el("span", "slot-count", slots(u)));
+    tr.append(s, el("td", "cooling", cooling(u)), el("td", "fail-streak", String(u.fail_streak)),
+      el("td", "probes", u.probes.ok + " / " + u.probes.fail), el("td", "last-failure", when(u.last_failure_at)));
+    return tr;
+  }
+
+  function modelRow(m) {
+    const tr = el("tr");
+    tr.dataset.model = m.name;
+    const q = m.queue_depth + " waiting" + (m.queue_size ? " (of " + m.queue_size + ")" : " (no queue)");
+    tr.append(el("td", "name", m.name), el("td", "route", m.upstreams.join(" \u2192 ")), el("td", "queue", q));
+    return tr;
+  }
+
+  function providerRow(p) {
+    const tr = el("tr");
+    tr.dataset.provider = p.id;
+    tr.append(el("td", "id", p.id), el("td", "inflight", String(p.inflight)), el("td", "route", p.upstreams.join(", ")));
+    return tr;
+  }
+
+  function fill(tableID, rows, emptyText) {
+    const body = document.querySelector("#" + tableID + " tbody");
+    if (rows.length === 0 && emptyText) {
+      const tr = el("tr", "empty");
+      const td = el("td", "", emptyText);
+      td.colSpan = 8;
+      tr.append(td);
+      rows = [tr];
+    }
+    body.replaceChildren(...rows);
+  }
+
+  function render() {
+    if (!snap) return;
+    fill("upstreams", snap.upstreams.map(upstreamRow), "no llm_route handler is running");
+    fill("models", snap.models.map(modelRow));
+    fill("providers", snap.providers.map(providerRow));
+    document.getElementById("sessions").textContent = String(snap.sessions);
+    document.getElementById("loaded").textContent = when(snap.config_loaded_at);
+  }
+
+  // Between refreshes only the countdowns move.
+  function tick() {
+    if (!snap) return;
+    for (const u of snap.upstreams) {
+      const row = document.querySelector('#upstreams tr[data-upstream="' + CSS.escape(u.id) + '"] td.cooling');
+      if (row) row.textContent = cooling(u);
+    }
+  }
+
+  async function refresh() {
+    const updated = document.getElementById("updated");
+    try {
+      const resp = await fetch(statusURL, { cache: "no-store", headers: { Accept: "application/json" } });
+      if (!resp.ok) throw new Error("HTTP " + resp.status);
+      snap = await resp.json();
+      fetchedAt = performance.now();
+      render();
+      updated.dataset.live = "true";
+      updated.classList.remove("stale");
+      updated.textContent = "live, updated " + new Date().toLocaleTimeString();
+    } catch (err) {
+      updated.classList.add("stale");
+      updated.textContent = "refresh failed (" + err.message + "), retrying";
+    }
+  }
+
+  refresh();
+  setInterval(refresh, 1000);
+  setInterval(tick, 250);
+})();

@@ -1,0 +1,350 @@
+package llmroute
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// The status snapshot and the explain verdicts are pure reads of the live
+// state: atomics, plus the short locks the state already has (a backoff's
+// mutex, the scheduler's). They never claim a slot, wake a waiter or touch
+// a counter, so an operator can poll them as often as they like.
+
+// statusSnapshot is the answer of GET /llm_route/status (SPEC §14, §18).
+type statusSnapshot struct {
+	Upstreams []upstreamStatus `json:"upstreams"`
+	Providers []providerStatus `json:"providers"`
+	Models    []modelStatus    `json:"models"`
+	// Sessions is the number of conversations in the session registry.
+	Sessions int `json:"sessions"`
+	// ConfigLoadedAt is when the newest running config started (null: no
+	// llm_route handler is running).
+	ConfigLoadedAt *time.Time `json:"config_loaded_at"`
+	// Now is the server's clock at the snapshot, so a page can count cooling
+	// down without trusting the browser's clock.
+	Now time.Time `json:"now"`
+}
+
+type upstreamStatus struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	Model    string `json:"model"` // the real model name; "" for a draining upstream
+	Inflight int64  `json:"inflight"`
+	Limit    *int64 `json:"limit"` // null = unlimited
+	// CoolingSeconds is how long the upstream stays out of rotation (0 =
+	// available).
+	CoolingSeconds float64 `json:"cooling_seconds"`
+	// CoolingReason is "failure" (backoff after failed attempts),
+	// "retry_after" (the upstream asked for the pause) or null.
+	CoolingReason *string `json:"cooling_reason"`
+	FailStreak    int64   `json:"fail_streak"`
+	// LastFailureAt is when the current or last cooling began (null: never,
+	// or the upstream has no backoff scope).
+	LastFailureAt *time.Time `json:"last_failure_at"`
+	// Probes counts the background probes sent to it since the process
+	// started, by result (the llm_proxy_probe_pings_total counters).
+	Probes probeCounts `json:"probes"`
+	// Draining marks an upstream a reload removed that still has requests
+	// in flight; it leaves the list when they end.
+	Draining bool `json:"draining"`
+}
+
+type probeCounts struct {
+	OK   int64 `json:"ok"`
+	Fail int64 `json:"fail"`
+}
+
+type providerStatus struct {
+	ID        string   `json:"id"`
+	Inflight  int64    `json:"inflight"` // sum over its upstreams
+	Capacity  *int64   `json:"capacity"` // null = no provider-wide bound
+	Upstreams []string `json:"upstreams"`
+}
+
+type modelStatus struct {
+	Name       string   `json:"name"`
+	Upstreams  []string `json:"upstreams"` // in routing order
+	QueueDepth int      `json:"queue_depth"`
+	QueueSize  int      `json:"queue_size"` // 0 = no queue
+}
+
+// Cooling reasons.
+var (
+	reasonFailure    = "failure"
+	reasonRetryAfter = "retry_after"
+)
+
+// snapshot reads the status of every running llm_route handler. An id that
+// several handlers (or an old and a new config) share is reported once, as
+// the newest config sees it.
+func snapshot(now time.Time) statusSnapshot {
+	snap := statusSnapshot{
+		Upstreams: []upstreamStatus{},
+		Providers: []providerStatus{},
+		Models:    []modelStatus{},
+		Sessions:  sessions.Len(),
+		Now:       now,
+	}
+	live := liveHandlers()
+	if len(live) > 0 {
+		t := live[0].since
+		snap.ConfigLoadedAt = &t
+	}
+	depth := queueDepths()
+	probes := probeTotals()
+
+	seenUp := make(map[string]bool)
+	seenProv := make(map[string]int) // id → index in snap.Providers
+	seenModel := make(map[string]bool)
+	for _, e := range live {
+		h := e.h
+		for _, uc := range h.Upstreams { // config order
+			u := h.upstreams[uc.ID]
+			if u == nil || seenUp[u.id] {
+				continue
+			}
+			seenUp[u.id] = true
+			us := stateStatus(u.state, u.backoff, now)
+			us.Provider, us.Model = u.provider, u.model
+			us.Probes = probes[u.id]
+			snap.Upstreams = append(snap.Upstreams, us)
+		}
+		for _, p := range h.Providers {
+			if _, ok := seenProv[p.ID]; ok {
+				continue
+			}
+			seenProv[p.ID] = len(snap.Providers)
+			snap.Providers = append(snap.Providers, providerStatus{ID: p.ID, Upstreams: []string{}})
+		}
+		for _, name := range h.modelList {
+			if seenModel[name] {
+				continue
+			}
+			seenModel[name] = true
+			rt := h.routes[name]
+			ms := modelStatus{Name: name, Upstreams: make([]string, 0, len(rt.targets)),
+				QueueDepth: depth[name], QueueSize: rt.queueSize}
+			for _, t := range rt.targets {
+				ms.Upstreams = append(ms.Upstreams, t.up.id)
+			}
+			snap.Models = append(snap.Models, ms)
+		}
+	}
+
+	// Upstreams a reload removed, still finishing their requests.
+	var gone []upstreamStatus
+	draining.Range(func(k, v any) bool {
+		s := v.(*upstreamState)
+		if seenUp[s.id] || s.inflight.Load() <= 0 {
+			return true // re-adopted by a running config, or drained
+		}
+		us := stateStatus(s, s.backoff.Load(), now)
+		us.Provider = s.providerID()
+		us.Probes = probes[s.id]
+		us.Draining = true
+		gone = append(gone, us)
+		return true
+	})
+	slices.SortFunc(gone, func(a, b upstreamStatus) int { return cmp.Compare(a.ID, b.ID) })
+	snap.Upstreams = append(snap.Upstreams, gone...)
+
+	for _, us := range snap.Upstreams {
+		i, ok := seenProv[us.Provider]
+		if !ok {
+			// A draining upstream's provider left the config too.
+			i = len(snap.Providers)
+			seenProv[us.Provider] = i
+			snap.Providers = append(snap.Providers, providerStatus{ID: us.Provider, Upstreams: []string{}})
+		}
+		snap.Providers[i].Inflight += us.Inflight
+		snap.Providers[i].Upstreams = append(snap.Providers[i].Upstreams, us.ID)
+	}
+	return snap
+}
+
+// stateStatus reads one upstream's pooled state; b is its backoff scope
+// (nil = none).
+func stateStatus(s *upstreamState, b *backoffState, now time.Time) upstreamStatus {
+	us := upstreamStatus{
+		ID:         s.id,
+		Inflight:   s.inflight.Load(),
+		FailStreak: s.failStreak.Load(),
+	}
+	if l := s.limit.Load(); l != unlimited {
+		us.Limit = &l
+	}
+	left := s.coolingLeft(b, now)
+	// The end of any Retry-After hold: the upstream's own, or its scope's.
+	held := time.Unix(0, s.coolUntil.Load())
+	if b != nil {
+		hard, last := b.holdAndLastFailure()
+		if hard.After(held) {
+			held = hard
+		}
+		if !last.IsZero() {
+			us.LastFailureAt = &last
+		}
+	}
+	if left > 0 {
+		us.CoolingSeconds = math.Round(left.Seconds()*1000) / 1000
+		us.CoolingReason = &reasonFailure
+		// The hold is the reason when it is what ends last (a millisecond
+		// of slack for the two clocks the writers read).
+		if !held.Before(now.Add(left - time.Millisecond)) {
+			us.CoolingReason = &reasonRetryAfter
+		}
+	}
+	return us
+}
+
+// holdAndLastFailure reads the fields a backoff keeps under its mutex.
+func (b *backoffState) holdAndLastFailure() (hardUntil, lastFailure time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hardUntil, b.lastFailure
+}
+
+// probeTotals reads the probe counters per upstream. Collect only reads: it
+// creates no series (GetMetricWithLabelValues would).
+func probeTotals() map[string]probeCounts {
+	out := make(map[string]probeCounts)
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		getMetrics().probes.Collect(ch)
+		close(ch)
+	}()
+	for m := range ch {
+		var pb dto.Metric
+		if m.Write(&pb) != nil || pb.Counter == nil {
+			continue
+		}
+		var id, result string
+		for _, l := range pb.Label {
+			switch l.GetName() {
+			case "upstream":
+				id = l.GetValue()
+			case "result":
+				result = l.GetValue()
+			}
+		}
+		c := out[id]
+		switch result {
+		case "ok":
+			c.OK += int64(pb.Counter.GetValue())
+		case "fail":
+			c.Fail += int64(pb.Counter.GetValue())
+		}
+		out[id] = c
+	}
+	return out
+}
+
+// queueDepths copies the scheduler's waiters per model.
+func queueDepths() map[string]int {
+	out := make(map[string]int)
+	forEachQueue(func(model string, d int) { out[model] = d })
+	return out
+}
+
+// Verdicts of GET /llm_route/explain, one per upstream of the model.
+const (
+	verdictAvailable = "available"
+	verdictBusy      = "busy"
+	verdictCooling   = "cooling"
+)
+
+// explanation is the answer of GET /llm_route/explain.
+type explanation struct {
+	Model string `json:"model"`
+	// Choice is the upstream a request would be sent to now (null: none is
+	// available, the request would queue or get a 503).
+	Choice *string `json:"choice"`
+	// Outcome says what happens to a request now: "upstream" (sent to
+	// choice), "queue" (waits for a slot), "busy" or "cooling" (a 503).
+	Outcome    string            `json:"outcome"`
+	Tokens     *int64            `json:"tokens"` // the tokens asked about, null if not given
+	QueueDepth int               `json:"queue_depth"`
+	QueueSize  int               `json:"queue_size"`
+	Upstreams  []upstreamVerdict `json:"upstreams"`
+}
+
+type upstreamVerdict struct {
+	ID      string `json:"id"`
+	Verdict string `json:"verdict"`
+	Detail  string `json:"detail"`
+}
+
+// findRoute returns the newest running config's route for a model name.
+func findRoute(name string) *route {
+	for _, e := range liveHandlers() {
+		if rt := e.h.routes[name]; rt != nil {
+			return rt
+		}
+	}
+	return nil
+}
+
+// explain walks the model's upstreams in order the way admission does
+// (claimFrom), without claiming: the first that is neither cooling nor full
+// is the choice.
+func explain(rt *route, tokens *int64, now time.Time) explanation {
+	ex := explanation{Model: rt.name, Tokens: tokens, QueueSize: rt.queueSize,
+		Upstreams: make([]upstreamVerdict, 0, len(rt.targets))}
+	ex.QueueDepth = queueDepths()[rt.name]
+	allCooling := true
+	for _, t := range rt.targets {
+		u := t.up
+		v := upstreamVerdict{ID: u.id}
+		inflight, limit := u.state.inflight.Load(), u.state.limit.Load()
+		switch left := u.cooling(now); {
+		case left > 0:
+			st := stateStatus(u.state, u.backoff, now)
+			v.Verdict = verdictCooling
+			v.Detail = "cooling " + strconv.Itoa(int(math.Ceil(left.Seconds()))) + "s (" + *st.CoolingReason + ")"
+		case inflight >= limit:
+			allCooling = false
+			v.Verdict = verdictBusy
+			v.Detail = "busy " + slots(inflight, limit)
+		default:
+			allCooling = false
+			v.Verdict = verdictAvailable
+			if ex.Choice == nil {
+				id := u.id
+				ex.Choice = &id
+				v.Detail = "would take it, " + slots(inflight, limit)
+			} else {
+				v.Detail = "free " + slots(inflight, limit) + ", not reached"
+			}
+		}
+		ex.Upstreams = append(ex.Upstreams, v)
+	}
+	// The same order of decisions as admit and wait.
+	back, _ := soonestBack(rt, now)
+	queueRoom := rt.queueSize > ex.QueueDepth
+	switch {
+	case ex.Choice != nil:
+		ex.Outcome = "upstream"
+	case allCooling && (!queueRoom || rt.queueTimeout == 0 || back > rt.queueTimeout):
+		ex.Outcome = verdictCooling // waiting would not hide an outage
+	case queueRoom:
+		ex.Outcome = "queue"
+	default:
+		ex.Outcome = verdictBusy
+	}
+	return ex
+}
+
+// slots renders "in use/limit" ("3/∞" when unlimited).
+func slots(inflight, limit int64) string {
+	l := "∞"
+	if limit != unlimited {
+		l = strconv.FormatInt(limit, 10)
+	}
+	return strconv.FormatInt(inflight, 10) + "/" + l + " slots in use"
+}
