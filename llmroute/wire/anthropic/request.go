@@ -735,7 +735,7 @@ func appendToolChoice(dst, tc []byte) []byte {
 // otherwise the result is appended to dst.
 func StripBillingBlock(dst, body []byte) []byte {
 	i := skipWS(body, 0)
-	if !bytes.Contains(body, []byte("x-anthropic-billing-header")) || i >= len(body) || body[i] != '{' {
+	if i >= len(body) || body[i] != '{' {
 		return body
 	}
 	svs, sve := objSpan(body[i:], "system")
