@@ -184,7 +184,13 @@ func (s *Stream) Fail(code, message string) error {
 
 // dispatch translates the current upstream event's data.
 func (s *Stream) dispatch() {
-	data := bytes.TrimSpace(s.data)
+	// Only JSON white space is trimmed: a payload that is not valid JSON as
+	// it stands (say, ending in a vertical tab) is not a chunk, as for
+	// transform's think splitter, which passes such events through unsplit.
+	data := s.data[skipWS(s.data, 0):]
+	for len(data) > 0 && (data[len(data)-1] == ' ' || data[len(data)-1] == '\t') {
+		data = data[:len(data)-1]
+	}
 	s.data = s.data[:0]
 	if len(data) == 0 || s.finished || s.err != nil {
 		return
