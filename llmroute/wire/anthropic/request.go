@@ -232,9 +232,11 @@ func (r *request) effort() string {
 		n, err := strconv.ParseFloat(string(r.thinkingBudget), 64)
 		switch {
 		case err != nil:
-		case n < 4096:
+		// The inverse of LiteLLM's (and agentgateway's) effort budgets:
+		// low 1024, medium 2048, high 4096.
+		case n < 2048:
 			return "low"
-		case n < 16384:
+		case n < 4096:
 			return "medium"
 		default:
 			return "high"
