@@ -5,8 +5,9 @@ import (
 	"strconv"
 )
 
-// maxLine bounds the bytes buffered for one upstream SSE line; a longer line
-// is dropped (it cannot be a chunk this translator could use).
+// maxLine bounds the bytes buffered for one upstream SSE line and for the
+// data of one event; a longer one is dropped (it cannot be a chunk this
+// translator could use).
 const maxLine = 4 << 20
 
 // block kinds of the open content block.
@@ -47,6 +48,7 @@ type Stream struct {
 	data  []byte // data of the current upstream event
 	out   []byte // event being built
 	drop  bool   // the current line is too long: skip to its end
+	skip  bool   // the current event is too long: skip to its end
 	gotCR bool   // the previous byte was a CR
 
 	started, finished bool
@@ -137,11 +139,16 @@ func (s *Stream) endLine() {
 	}
 	if len(line) == 0 { // blank line: the event is complete
 		s.dispatch()
+		s.skip = false
 		return
 	}
 	if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 		if len(v) > 0 && v[0] == ' ' {
 			v = v[1:]
+		}
+		if s.skip || len(s.data)+len(v) >= maxLine {
+			s.skip, s.data = true, s.data[:0] // too big to be a usable chunk
+			return
 		}
 		if len(s.data) > 0 {
 			s.data = append(s.data, '\n')
@@ -171,8 +178,8 @@ func (s *Stream) Close() error {
 // upstream broke off after the first byte) and finishes the stream. code
 // is carried as error.code when not empty.
 func (s *Stream) Fail(code, message string) error {
-	if s.err != nil {
-		return s.err
+	if s.err != nil || s.finished {
+		return s.err // after message_stop the client has a whole message
 	}
 	s.finished = true
 	s.out = append(s.out[:0], "event: error\ndata: "...)
@@ -245,21 +252,35 @@ func (s *Stream) chunk(c []byte) {
 	if choices == nil || choices[0] != '[' {
 		return
 	}
-	ci := iterArray(choices, 0, false)
-	vs, ve, ok := ci.next()
-	if !ok || choices[vs] != '{' {
-		return
-	}
+	// Only choice 0 is translated (a Messages answer has one); a choice
+	// without an index counts as 0.
 	var delta, finish []byte
-	ch := choices[vs:ve]
-	it = iterObject(ch, 0, false)
-	for it.next(&m) {
-		switch string(keyOf(ch, &m, tmp[:])) {
-		case "delta":
-			delta = ch[m.vs:m.ve]
-		case "finish_reason":
-			finish = ch[m.vs:m.ve]
+	ci := iterArray(choices, 0, false)
+	for {
+		vs, ve, more := ci.next()
+		if !more {
+			break
 		}
+		ch := choices[vs:ve]
+		if ch[0] != '{' {
+			continue
+		}
+		var index []byte
+		it = iterObject(ch, 0, false)
+		for it.next(&m) {
+			switch string(keyOf(ch, &m, tmp[:])) {
+			case "delta":
+				delta = ch[m.vs:m.ve]
+			case "finish_reason":
+				finish = ch[m.vs:m.ve]
+			case "index":
+				index = ch[m.vs:m.ve]
+			}
+		}
+		if index == nil || intOf(index) == 0 && index[0] == '0' {
+			break
+		}
+		delta, finish = nil, nil
 	}
 	if delta != nil && delta[0] == '{' {
 		s.delta(delta)

@@ -346,3 +346,32 @@ func TestStreamEdges(t *testing.T) {
 		}
 	})
 }
+
+func TestStreamChoicesAndLimits(t *testing.T) {
+	t.Run("only choice 0", func(t *testing.T) {
+		up := sse(`{"id":"x","choices":[{"index":1,"delta":{"content":"B"}},{"index":0,"delta":{"content":"A"}}]}`,
+			`{"id":"x","choices":[{"index":1,"delta":{"content":"B"},"finish_reason":"length"}]}`,
+			`{"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, "[DONE]")
+		got := run(t, up, whole)
+		if strings.Contains(got, `"B"`) || !strings.Contains(got, `"text":"A"`) || !strings.Contains(got, `"stop_reason":"end_turn"`) {
+			t.Errorf("got:\n%s", got)
+		}
+	})
+	t.Run("Fail after message_stop emits nothing", func(t *testing.T) {
+		var out bytes.Buffer
+		s := NewStream(&Info{}, func(ev []byte) error { out.Write(ev); return nil })
+		s.Write([]byte(openAIToolStream))
+		n := out.Len()
+		if err := s.Fail("stream_interrupted", "x"); err != nil || out.Len() != n {
+			t.Errorf("Fail after the end: %v, %q", err, out.String()[n:])
+		}
+	})
+	t.Run("an oversized event is dropped, the next one is used", func(t *testing.T) {
+		big := strings.Repeat("data: "+strings.Repeat("x", 1<<20)+"\n", 5) + "\n"
+		up := big + sse(`{"id":"x","choices":[{"index":0,"delta":{"content":"after"}}]}`, "[DONE]")
+		got := run(t, up, randomly(3))
+		if !strings.Contains(got, `"text":"after"`) || strings.Contains(got, "xxxx") {
+			t.Errorf("got:\n%.500s", got)
+		}
+	})
+}
