@@ -1,0 +1,189 @@
+// Package anthropic translates between the Anthropic Messages API (the front
+// Claude Code and the Anthropic SDKs speak) and OpenAI chat completions (the
+// back most upstreams serve), SPEC §13. It is pure bytes → bytes: no Caddy,
+// no llmroute, no reflection-based encoding/json (json.go is a copy of
+// llmroute/transform's raw scanner, which is unexported there; see "Left for
+// later"). Tests use transform to run the think splitter in front of Stream.
+//
+// # How the core uses it
+//
+// For a Messages request (POST …/messages, …?beta=true) whose chosen
+// upstream serves "messages" natively:
+//
+//	body = StripBillingBlock(buf, body)      // unless keep_billing_header
+//	// then model swap + patches as for chat; the answer streams back as is
+//
+// For an upstream that serves only chat:
+//
+//	chat, info, err := ToChat(buf, body, Options{
+//		KeepBillingHeader: p.KeepBillingHeader,
+//		ReasoningField:    p.ReasoningField,
+//	})
+//	// err is an *Error: answer ErrorBody(e.Status, e.Code, e.Message)
+//	// chat then goes through transform.RewriteRequest (model swap, patches,
+//	// reasoning backfill) exactly like a chat client's body.
+//
+//	// 2xx, not streamed (after transform.RewriteCompletion for think_tags):
+//	msg, err := FromChat(out, upstreamBody, info)
+//
+//	// 2xx, streamed: upstream bytes → transform.StreamRewriter (think_tags)
+//	// → Stream → client. Close at clean EOF; Fail after a cut or stall.
+//	st := NewStream(info, writeToClient)
+//	rw := transform.NewStreamRewriter(mode, func(b []byte) error { _, err := st.Write(b); return err })
+//
+//	// 4xx/5xx from the chat upstream the client is to see:
+//	TranslateError(status, upstreamBody)
+//
+// Proxy-made errors on this front use ErrorBody (type per status:
+// ErrorType). count_tokens without a native upstream answers
+// CountTokensBody(CountTokensEstimate(body)) with X-LLM-Route-Estimate:
+// true. GET …/models with anthropic-version answers ModelsBody.
+//
+// Sessions (§5, §13): hash SessionBody(body) with transform.Sessions.ID. It is
+// the chat messages ToChat sends, minus the top-level system prompt, so the
+// billing block is never hashed and a conversation keeps its id when failover
+// moves it between a native and a translated upstream (the hash ignores
+// reasoning fields, so reasoning_field does not matter). Hashing ToChat's own
+// output gives the same id, but native attempts have no ToChat output;
+// SessionBody is the one call that serves both.
+//
+// # Request: Messages → chat
+//
+//	model                         copied (the core swaps it afterwards)
+//	system string | text blocks   first chat message, role system, texts joined by "\n";
+//	                              a first block starting "x-anthropic-billing-header:" dropped
+//	messages[] role user          string → content string; text blocks → one string joined by
+//	                              "\n"; with images → content parts (text, image_url)
+//	  image base64 / url          image_url {url: "data:<media_type>;base64,<data>" | url}
+//	  tool_result                 a tool message {tool_call_id, content} per block, before the
+//	                              user message of the same turn; content string or text blocks
+//	                              joined by "\n"; is_error → "Error: " prefix; images a tool
+//	                              returned go into the user message that follows
+//	messages[] role assistant     text blocks → content (joined "\n"; null when only tool calls);
+//	                              tool_use → tool_calls {id, function{name, arguments: input
+//	                              bytes as a JSON string}}; thinking → opt.ReasoningField
+//	                              (joined "\n"), dropped when it is empty; redacted_thinking dropped
+//	messages[] role system        a system message in place (Claude Code sends one after the
+//	                              first user message)
+//	max_tokens                    max_tokens (not max_completion_tokens: llama.cpp, vLLM,
+//	                              Ollama, DeepSeek and MiniMax take max_tokens)
+//	temperature, top_p            copied
+//	stop_sequences                stop (an empty list is dropped)
+//	metadata.user_id              user
+//	tools[] (custom / no type)    {type: function, function{name, description, parameters:
+//	                              input_schema bytes as sent}}
+//	tool_choice                   auto → "auto", any → "required", none → "none",
+//	                              tool → {type: function, function{name}};
+//	                              disable_parallel_tool_use → parallel_tool_calls: false
+//	thinking, output_config       reasoning_effort only with opt.Effort (see below)
+//	stream: true                  stream: true, stream_options: {include_usage: true}
+//
+// Dropped (no chat equivalent, or one that some chat upstreams reject):
+// top_k (OpenAI rejects it; add it with a patch for vLLM/llama.cpp),
+// server tools (any tools[] entry with a type other than "custom": web
+// search, code execution, bash/text_editor/computer), cache_control
+// everywhere, citations, context_management, container, mcp_servers,
+// service_tier, anthropic-beta features, thinking signatures,
+// redacted_thinking, search_result blocks, server_tool_use and
+// *_tool_result history blocks, and any field not in the table above.
+// document blocks and image sources other than base64/url (file) are a 400
+// with code unsupported_parameter: silently losing a PDF would give a wrong
+// answer. A tools list made only of server tools sends no tools and no
+// tool_choice.
+//
+// thinking → reasoning_effort: off by default because chat upstreams that do
+// not reason (gpt-4o, most local instruct models behind strict servers)
+// reject reasoning_effort with a 400, and reasoning models reason anyway.
+// With Options.Effort, enabled/adaptive thinking maps output_config.effort
+// (low, medium; high, xhigh, max → high) or else thinking.budget_tokens
+// (< 2048 low, < 4096 medium, else high: the inverse of the budgets LiteLLM
+// and agentgateway give low/medium/high, 1024/2048/4096) or else medium;
+// disabled thinking sends nothing. Operators can always set
+// reasoning_effort with a patch instead.
+//
+// # Response: chat → Messages
+//
+//	id                       "msg_" + the chat id without "chatcmpl-" (random when absent)
+//	model                    the upstream's model, else the requested one (§12)
+//	reasoning_content | reasoning   a thinking block first, signature ""
+//	content (string or parts) a text block; refusal a text block too
+//	tool_calls               tool_use blocks, input = the parsed arguments object
+//	                         ({} when they are not a JSON object, e.g. cut by max_tokens)
+//	finish_reason            stop → end_turn, length → max_tokens, tool_calls and
+//	                         function_call → tool_use, content_filter → refusal; a turn
+//	                         with tool calls is tool_use unless it was cut (length)
+//	stop_sequence            always null (chat does not say which stop matched)
+//	usage                    input_tokens = prompt_tokens − cached, output_tokens =
+//	                         completion_tokens, cache_read_input_tokens = cached
+//	                         (prompt_tokens_details.cached_tokens or DeepSeek's
+//	                         prompt_cache_hit_tokens), cache_creation_input_tokens 0
+//
+// Anthropic counts cache reads apart from input_tokens (Claude Code adds them
+// up for its context meter), chat includes them in prompt_tokens: hence the
+// subtraction.
+//
+// # Stream
+//
+// See Stream. Usage in message_start is zero (a chat upstream reports it at
+// the end); message_delta carries input_tokens, cache_read_input_tokens and
+// output_tokens when the upstream sent usage, output_tokens 0 otherwise.
+// Thinking blocks are produced whenever the upstream reasons, whether or not
+// the client enabled thinking (dropping them would hide what the model did;
+// the SDKs accept them).
+//
+// # What was taken from others, and where this differs
+//
+// Envoy AI Gateway (internal/translator/anthropic_openai.go,
+// anthropic_helper.go): the finish_reason table including content_filter →
+// refusal, tool_choice any → required, stream_options.include_usage, the
+// usage chunk consumed, closing events at [DONE] or end of stream, a
+// tool_use block per tool call index. Different here: Envoy flattens every
+// message to text (no images, no tool_result/tool_use history, no
+// thinking), ends a turn whose tool calls came with finish_reason "stop"
+// as end_turn (so the client never runs them), sends
+// max_completion_tokens, and marshals typed structs; this package carries
+// the whole history, keeps input_schema and tool input bytes as sent (so a
+// prefix cache upstream sees identical bytes turn after turn), and scans and
+// appends raw bytes (0 allocs per stream chunk).
+//
+// LiteLLM (AnthropicAdapter → translate_anthropic_to_openai) and its
+// stream wrapper: message_start on the first chunk, a content block started
+// and stopped around each run of deltas, the finish_reason mapped exactly
+// (clients cannot parse anything else); its effort budgets. Different here:
+// effort mapping is opt-in, not default.
+//
+// agentgateway (crates/agentgateway/src/llm/conversion/messages.rs, the
+// chat → Messages direction of the same pair): refusal ⇄ content_filter,
+// the effort budgets above, top_k left out because chat has none. Different
+// here: agentgateway keys error types on Google-style statuses; this package
+// keys them on the HTTP status (SPEC §13, ErrorType).
+//
+// # Decisions where the spec is silent
+//
+//   - Text joins use "\n" everywhere (system blocks, user text blocks, tool
+//     result blocks, assistant text blocks, thinking blocks).
+//   - Unknown content block types in history are dropped, except document
+//     (400, above).
+//   - A tool_use without id or name, a tool_result without tool_use_id, an
+//     image without a usable source, a role other than user, assistant or
+//     system, and content that is neither a string nor an array are 400
+//     invalid_request_error.
+//   - Stream: deltas for a tool call whose block was already closed
+//     (interleaved parallel calls, which OpenAI does not send) are emitted at
+//     that call's block index after its content_block_stop. Chat chunks with
+//     several choices: only choice 0 is translated.
+//   - Stream payloads that are not valid JSON (comments, junk, a chunk that
+//     does not parse as it stands) are ignored, as transform's think splitter
+//     passes them through unsplit.
+//   - Errors inside a stream ({"error":…}) and Fail use type api_error; the
+//     upstream's or the core's code (e.g. stream_stalled) is error.code.
+//   - A stream that ends before any chunk still yields a complete empty
+//     message (message_start … message_stop), so SDKs see a normal end;
+//     Claude Code retries an empty stream without streaming.
+//
+// # Left for later
+//
+// json.go duplicates transform/json.go (its scanner is unexported); moving
+// it to a shared internal package (llmroute/internal/rawjson) would let the
+// Responses translator use it too.
+package anthropic

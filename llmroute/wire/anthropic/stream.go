@@ -1,0 +1,516 @@
+package anthropic
+
+import (
+	"bytes"
+	"strconv"
+)
+
+// maxLine bounds the bytes buffered for one upstream SSE line and for the
+// data of one event; a longer one is dropped (it cannot be a chunk this
+// translator could use).
+const maxLine = 4 << 20
+
+// block kinds of the open content block.
+const (
+	blockNone = iota
+	blockThinking
+	blockText
+	blockTool
+)
+
+// Stream translates a chat completions SSE stream into the Anthropic
+// Messages event sequence:
+//
+//	message_start, ping,
+//	(content_block_start, content_block_delta…, content_block_stop)…,
+//	message_delta (stop_reason, usage), message_stop
+//
+// Every event carries its SSE "event:" name equal to its "type" (the Go SDK
+// skips unnamed events). Blocks are opened in the order their deltas arrive:
+// a thinking block (reasoning_content or reasoning deltas) ends with an empty
+// signature_delta; a text block; one tool_use block per tool call index,
+// started with "input":{} and filled by input_json_delta partial_json. The
+// usage chunk a chat upstream sends last (stream_options.include_usage) is
+// consumed: its counts go into message_delta. [DONE] (or Close at EOF)
+// finishes the message. An {"error":…} payload becomes an "event: error" and
+// ends the stream.
+//
+// Write accepts arbitrary chunking (byte by byte gives the same events). Each
+// event is handed to emit whole, once; emit's slice is only valid during the
+// call. An error from emit stops the Stream: Write returns it from then on.
+// A Stream is not safe for concurrent use.
+type Stream struct {
+	info *Info
+	emit func([]byte) error
+	err  error
+
+	line  []byte // partial upstream line
+	data  []byte // data of the current upstream event
+	out   []byte // event being built
+	drop  bool   // the current line is too long: skip to its end
+	skip  bool   // the current event is too long: skip to its end
+	gotCR bool   // the previous byte was a CR
+
+	started, finished bool
+	open              int // blockNone … blockTool
+	index             int // index of the open (or last) block
+	blocks            int // blocks started: the next block's index
+	tools             []toolState
+	stop              string
+	usage             usageCounts
+	msgID, model      []byte
+}
+
+// toolState maps a chat tool_calls index to its content block index.
+type toolState struct {
+	chatIndex int64
+	block     int
+}
+
+// NewStream returns a Stream that emits through emit.
+func NewStream(info *Info, emit func([]byte) error) *Stream {
+	s := &Stream{}
+	s.Reset(info, emit)
+	return s
+}
+
+// Reset prepares s for a new stream, keeping its buffers (for pooling).
+func (s *Stream) Reset(info *Info, emit func([]byte) error) {
+	*s = Stream{
+		info: info, emit: emit,
+		line: s.line[:0], data: s.data[:0], out: s.out[:0], tools: s.tools[:0],
+		msgID: s.msgID[:0], model: s.model[:0],
+	}
+}
+
+// Finished reports whether message_stop (or an error event) was emitted.
+func (s *Stream) Finished() bool { return s.finished }
+
+// Write consumes upstream bytes.
+func (s *Stream) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	for i := 0; i < len(p) && s.err == nil; {
+		c := p[i]
+		if s.gotCR {
+			s.gotCR = false
+			if c == '\n' { // second half of a CRLF
+				i++
+				continue
+			}
+		}
+		j := bytes.IndexAny(p[i:], "\r\n")
+		if j < 0 {
+			s.addLine(p[i:])
+			break
+		}
+		s.addLine(p[i : i+j])
+		if p[i+j] == '\r' {
+			s.gotCR = true
+		}
+		i += j + 1
+		s.endLine()
+	}
+	if s.err != nil {
+		return 0, s.err
+	}
+	return len(p), nil
+}
+
+func (s *Stream) addLine(b []byte) {
+	if s.drop {
+		return
+	}
+	if len(s.line)+len(b) > maxLine {
+		s.drop, s.line = true, s.line[:0]
+		return
+	}
+	s.line = append(s.line, b...)
+}
+
+// endLine handles one complete upstream line.
+func (s *Stream) endLine() {
+	line := s.line
+	s.line = s.line[:0]
+	if s.drop {
+		s.drop = false
+		return
+	}
+	if len(line) == 0 { // blank line: the event is complete
+		s.dispatch()
+		s.skip = false
+		return
+	}
+	if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+		if len(v) > 0 && v[0] == ' ' {
+			v = v[1:]
+		}
+		if s.skip || len(s.data)+len(v) >= maxLine {
+			s.skip, s.data = true, s.data[:0] // too big to be a usable chunk
+			return
+		}
+		if len(s.data) > 0 {
+			s.data = append(s.data, '\n')
+		}
+		s.data = append(s.data, v...)
+	}
+	// event:, id:, retry: and comments carry nothing for the translation.
+}
+
+// Close finishes the message when the upstream ended without [DONE]. Data
+// of an unterminated last event is handled first.
+func (s *Stream) Close() error {
+	if s.err != nil {
+		return s.err
+	}
+	if len(s.line) > 0 {
+		s.endLine()
+	}
+	s.dispatch()
+	if !s.finished && s.err == nil {
+		s.finish()
+	}
+	return s.err
+}
+
+// Fail emits Anthropic's stream error event (the core calls it when the
+// upstream broke off after the first byte) and finishes the stream. code
+// is carried as error.code when not empty.
+func (s *Stream) Fail(code, message string) error {
+	if s.err != nil || s.finished {
+		return s.err // after message_stop the client has a whole message
+	}
+	s.finished = true
+	s.out = append(s.out[:0], "event: error\ndata: "...)
+	s.out = appendErrorJSON(s.out, "api_error", code, message)
+	s.out = append(s.out, "\n\n"...)
+	s.send()
+	return s.err
+}
+
+// dispatch translates the current upstream event's data.
+func (s *Stream) dispatch() {
+	// Only JSON white space is trimmed: a payload that is not valid JSON as
+	// it stands (say, ending in a vertical tab) is not a chunk, as for
+	// transform's think splitter, which passes such events through unsplit.
+	data := s.data[skipWS(s.data, 0):]
+	for len(data) > 0 && (data[len(data)-1] == ' ' || data[len(data)-1] == '\t') {
+		data = data[:len(data)-1]
+	}
+	s.data = s.data[:0]
+	if len(data) == 0 || s.finished || s.err != nil {
+		return
+	}
+	if string(data) == "[DONE]" {
+		s.finish()
+		return
+	}
+	if data[0] != '{' || !validJSON(data) {
+		return // not a chunk: nothing a Messages client could use
+	}
+	s.chunk(data)
+}
+
+// chunk handles one chat.completion.chunk (or an error payload).
+func (s *Stream) chunk(c []byte) {
+	var id, model, choices, usage, errv []byte
+	it := iterObject(c, 0, false)
+	var m member
+	var tmp [16]byte
+	for it.next(&m) {
+		v := c[m.vs:m.ve]
+		switch string(keyOf(c, &m, tmp[:])) {
+		case "id":
+			id = v
+		case "model":
+			model = v
+		case "choices":
+			choices = v
+		case "usage":
+			usage = v
+		case "error":
+			errv = v
+		}
+	}
+	if errv != nil {
+		s.upstreamError(errv)
+		return
+	}
+	if !s.started {
+		if nonEmptyString(id) {
+			s.msgID = append(s.msgID[:0], id...)
+		}
+		if nonEmptyString(model) {
+			s.model = append(s.model[:0], model...)
+		}
+		s.start()
+	}
+	if usage != nil && usage[0] == '{' {
+		s.usage.read(usage)
+	}
+	if choices == nil || choices[0] != '[' {
+		return
+	}
+	// Only choice 0 is translated (a Messages answer has one); a choice
+	// without an index counts as 0.
+	var delta, finish []byte
+	ci := iterArray(choices, 0, false)
+	for {
+		vs, ve, more := ci.next()
+		if !more {
+			break
+		}
+		ch := choices[vs:ve]
+		if ch[0] != '{' {
+			continue
+		}
+		var index []byte
+		it = iterObject(ch, 0, false)
+		for it.next(&m) {
+			switch string(keyOf(ch, &m, tmp[:])) {
+			case "delta":
+				delta = ch[m.vs:m.ve]
+			case "finish_reason":
+				finish = ch[m.vs:m.ve]
+			case "index":
+				index = ch[m.vs:m.ve]
+			}
+		}
+		if index == nil || intOf(index) == 0 && index[0] == '0' {
+			break
+		}
+		delta, finish = nil, nil
+	}
+	if delta != nil && delta[0] == '{' {
+		s.delta(delta)
+	}
+	if finish != nil && finish[0] == '"' {
+		s.stop = stopReason(finish, len(s.tools) > 0)
+	}
+}
+
+// delta emits the events for one choice delta, in the order reasoning,
+// content, tool calls.
+func (s *Stream) delta(d []byte) {
+	var content, rc, reasoning, calls []byte
+	it := iterObject(d, 0, false)
+	var m member
+	var tmp [32]byte
+	for it.next(&m) {
+		v := d[m.vs:m.ve]
+		switch string(keyOf(d, &m, tmp[:])) {
+		case "content":
+			content = v
+		case "reasoning_content":
+			rc = v
+		case "reasoning":
+			reasoning = v
+		case "tool_calls":
+			calls = v
+		}
+	}
+	if !nonEmptyString(rc) {
+		rc = reasoning
+	}
+	if nonEmptyString(rc) {
+		if s.open != blockThinking {
+			s.openBlock(blockThinking, `{"type":"thinking","thinking":"","signature":""}`)
+		}
+		s.blockDelta(s.index, `{"type":"thinking_delta","thinking":`, rc)
+	}
+	if nonEmptyString(content) {
+		if s.open != blockText {
+			s.openBlock(blockText, `{"type":"text","text":""}`)
+		}
+		s.blockDelta(s.index, `{"type":"text_delta","text":`, content)
+	}
+	if calls != nil && calls[0] == '[' {
+		ti := iterArray(calls, 0, false)
+		for s.err == nil {
+			vs, ve, more := ti.next()
+			if !more {
+				break
+			}
+			if tc := calls[vs:ve]; tc[0] == '{' {
+				s.toolDelta(tc)
+			}
+		}
+	}
+}
+
+// toolDelta handles one element of delta.tool_calls.
+func (s *Stream) toolDelta(tc []byte) {
+	var idx, id, fn []byte
+	it := iterObject(tc, 0, false)
+	var m member
+	var tmp [16]byte
+	for it.next(&m) {
+		v := tc[m.vs:m.ve]
+		switch string(keyOf(tc, &m, tmp[:])) {
+		case "index":
+			idx = v
+		case "id":
+			id = v
+		case "function":
+			fn = v
+		}
+	}
+	var name, args []byte
+	if fn != nil && fn[0] == '{' {
+		name, args = objGet(fn, "name"), objGet(fn, "arguments")
+	}
+	ci := intOf(idx)
+	block := -1
+	for _, t := range s.tools {
+		if t.chatIndex == ci {
+			block = t.block
+		}
+	}
+	if block < 0 {
+		// A new call: its first delta carries id and name.
+		s.out = append(s.out[:0], `{"type":"tool_use","id":`...)
+		s.out = appendToolID(s.out, id)
+		s.out = append(s.out, `,"name":`...)
+		if name == nil || name[0] != '"' {
+			name = []byte(`""`)
+		}
+		s.out = append(s.out, name...)
+		s.out = append(s.out, `,"input":{}}`...)
+		s.openBlockRaw(blockTool)
+		block = s.index
+		s.tools = append(s.tools, toolState{chatIndex: ci, block: block})
+	}
+	if nonEmptyString(args) {
+		// A delta for a call whose block was closed (interleaved calls)
+		// still names that call's block index.
+		s.blockDelta(block, `{"type":"input_json_delta","partial_json":`, args)
+	}
+}
+
+// start emits message_start and ping.
+func (s *Stream) start() {
+	s.started = true
+	s.out = append(s.out[:0], "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":"...)
+	s.out = appendMessageID(s.out, s.msgID)
+	s.out = append(s.out, `,"type":"message","role":"assistant","model":`...)
+	s.out = appendModel(s.out, s.model, s.info)
+	s.out = append(s.out, `,"content":[],"stop_reason":null,"stop_sequence":null,"usage":`...)
+	s.out = s.usage.append(s.out, true)
+	s.out = append(s.out, "}}\n\n"...)
+	s.send()
+	s.out = append(s.out[:0], "event: ping\ndata: {\"type\": \"ping\"}\n\n"...)
+	s.send()
+}
+
+// openBlock closes the open block and starts a new one whose content_block
+// is cb.
+func (s *Stream) openBlock(kind int, cb string) {
+	s.out = append(s.out[:0], cb...)
+	s.openBlockRaw(kind)
+}
+
+// openBlockRaw is openBlock with the content_block JSON already in s.out.
+func (s *Stream) openBlockRaw(kind int) {
+	if s.err != nil {
+		return
+	}
+	cb := len(s.out)
+	s.closeBlock()
+	// The content block JSON sits at the start of s.out; closeBlock used the
+	// rest of the buffer, so build the event after it and move it down.
+	s.out = s.out[:cb]
+	s.index = s.blocks
+	s.blocks++
+	s.open = kind
+	ev := len(s.out)
+	s.out = append(s.out, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":"...)
+	s.out = strconv.AppendInt(s.out, int64(s.index), 10)
+	s.out = append(s.out, `,"content_block":`...)
+	s.out = append(s.out, s.out[:cb]...)
+	s.out = append(s.out, "}\n\n"...)
+	s.sendFrom(ev)
+}
+
+// closeBlock ends the open block, if any, without touching s.out[:len(s.out)].
+func (s *Stream) closeBlock() {
+	if s.open == blockNone || s.err != nil {
+		return
+	}
+	base := len(s.out)
+	if s.open == blockThinking {
+		s.out = append(s.out, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":"...)
+		s.out = strconv.AppendInt(s.out, int64(s.index), 10)
+		s.out = append(s.out, ",\"delta\":{\"type\":\"signature_delta\",\"signature\":\"\"}}\n\n"...)
+		s.sendFrom(base)
+		s.out = s.out[:base]
+	}
+	s.out = append(s.out, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":"...)
+	s.out = strconv.AppendInt(s.out, int64(s.index), 10)
+	s.out = append(s.out, "}\n\n"...)
+	s.sendFrom(base)
+	s.out = s.out[:base]
+	s.open = blockNone
+}
+
+// blockDelta emits a content_block_delta whose delta is head + value + "}".
+func (s *Stream) blockDelta(index int, head string, value []byte) {
+	s.out = append(s.out[:0], "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":"...)
+	s.out = strconv.AppendInt(s.out, int64(index), 10)
+	s.out = append(s.out, `,"delta":`...)
+	s.out = append(s.out, head...)
+	s.out = append(s.out, value...)
+	s.out = append(s.out, "}}\n\n"...)
+	s.send()
+}
+
+// finish closes the open block and emits message_delta and message_stop.
+func (s *Stream) finish() {
+	if !s.started {
+		s.start()
+	}
+	s.out = s.out[:0]
+	s.closeBlock()
+	stop := s.stop
+	if stop == "" {
+		stop = stopReason(nil, len(s.tools) > 0)
+	}
+	s.out = append(s.out[:0], "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\""...)
+	s.out = append(s.out, stop...)
+	s.out = append(s.out, `","stop_sequence":null},"usage":`...)
+	s.out = s.usage.append(s.out, s.usage.seen)
+	s.out = append(s.out, "}\n\n"...)
+	s.send()
+	s.out = append(s.out[:0], "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"...)
+	s.send()
+	s.finished = true
+}
+
+// upstreamError turns an {"error":…} payload into an error event.
+func (s *Stream) upstreamError(v []byte) {
+	msg := []byte(nil)
+	var code []byte
+	if v[0] == '{' {
+		msg, code = objGet(v, "message"), objGet(v, "code")
+	} else if v[0] == '"' {
+		msg = v
+	}
+	var text, c string
+	if msg != nil && msg[0] == '"' {
+		text = string(appendUnescape(nil, msg[1:len(msg)-1]))
+	} else {
+		text = "upstream error"
+	}
+	if code != nil && code[0] == '"' {
+		c = string(appendUnescape(nil, code[1:len(code)-1]))
+	}
+	_ = s.Fail(c, text)
+}
+
+func (s *Stream) send() { s.sendFrom(0) }
+
+func (s *Stream) sendFrom(i int) {
+	if s.err == nil {
+		s.err = s.emit(s.out[i:])
+	}
+}
