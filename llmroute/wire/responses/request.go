@@ -51,8 +51,11 @@ type Info struct {
 	// out (hosted tool calls in history, compaction, files in tool output …).
 	DroppedItems []string
 
-	tools []toolName // chat function name ⇄ what the client declared
-	echo  []byte     // request fields echoed in every Response object, pre-rendered
+	tools  []toolName     // chat function name ⇄ what the client declared
+	byChat map[string]int // chat name → index in tools
+	byName map[string]int // namespace NUL name → index in tools (first)
+	next   map[string]int // next suffix to try for a taken chat name
+	echo   []byte         // request fields echoed in every Response object, pre-rendered
 }
 
 // toolKind says what a chat function stands for on the client's side.
@@ -74,10 +77,8 @@ type toolName struct {
 // lookup returns the client-side tool a chat function name stands for. A
 // name the request did not declare is returned as a plain function.
 func (in *Info) lookup(chat []byte) toolName {
-	for _, t := range in.tools {
-		if t.chat == string(chat) {
-			return t
-		}
+	if i, ok := in.byChat[string(chat)]; ok {
+		return in.tools[i]
 	}
 	return toolName{chat: string(chat), name: string(chat)}
 }
@@ -86,10 +87,8 @@ func (in *Info) lookup(chat []byte) toolName {
 // namespace), declaring it on the fly when the request's tools do not list
 // it (a call in history to a tool that is no longer offered).
 func (in *Info) chatName(namespace, name string) string {
-	for _, t := range in.tools {
-		if t.name == name && t.namespace == namespace {
-			return t.chat
-		}
+	if i, ok := in.byName[namespace+"\x00"+name]; ok {
+		return in.tools[i].chat
 	}
 	return flatName(namespace, name)
 }
@@ -108,24 +107,39 @@ func flatName(namespace, name string) string {
 	}
 }
 
+// addTool records a tool. A chat name already taken (two namespaces
+// flattening to the same name, or a name repeated) gets a _2, _3 … suffix;
+// the maps keep this linear in the number of tools whatever the client sent.
 func (in *Info) addTool(t toolName) {
-	base := t.chat
-	for n := 2; in.hasChat(t.chat); n++ {
-		t.chat = base + "_" + strconv.Itoa(n)
+	if in.byChat == nil {
+		in.byChat, in.byName, in.next = map[string]int{}, map[string]int{}, map[string]int{}
+	}
+	if _, taken := in.byChat[t.chat]; taken {
+		base := t.chat
+		n := max(in.next[base], 2)
+		for ; ; n++ {
+			t.chat = base + "_" + strconv.Itoa(n)
+			if _, taken := in.byChat[t.chat]; !taken {
+				break
+			}
+		}
+		in.next[base] = n + 1
+	}
+	in.byChat[t.chat] = len(in.tools)
+	key := t.namespace + "\x00" + t.name
+	if _, seen := in.byName[key]; !seen {
+		in.byName[key] = len(in.tools)
 	}
 	in.tools = append(in.tools, t)
 }
 
-func (in *Info) hasChat(chat string) bool {
-	for _, t := range in.tools {
-		if t.chat == chat {
-			return true
-		}
-	}
-	return false
-}
+// maxDropped bounds the Dropped lists: they are for a log line.
+const maxDropped = 16
 
 func addOnce(list []string, s string) []string {
+	if len(list) >= maxDropped {
+		return list
+	}
 	for _, x := range list {
 		if x == s {
 			return list
