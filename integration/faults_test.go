@@ -534,7 +534,7 @@ func TestFaultMalformedUpstreamData(t *testing.T) {
 		[]map[string]any{obj("id", "f7-p", "url", up.base(), "think_tags", "split")},
 		[]map[string]any{obj("id", "f7-u", "provider", "f7-p", "model", "x")},
 		[]map[string]any{obj("name", "f7", "upstreams", []string{"f7-u"})},
-		"heartbeat_interval", "100ms"))
+		"heartbeat_interval", "100ms", "max_rewrite_size", 1<<20))
 
 	ev := faultEvents(2, "mal")
 	big := fmt.Sprintf(`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"x","choices":[{"index":0,"delta":{"content":"<think>%s</think>"},"finish_reason":null}]}`+"\n\n",
@@ -565,7 +565,7 @@ func TestFaultMalformedUpstreamData(t *testing.T) {
 		gzip   bool // client sends Accept-Encoding: gzip; compare raw bytes
 	}{
 		{name: "data line not JSON", stream: true, pieces: []string{ev[0], "data: {not json at all\n\n", "data: plain words\n\n", ": a comment\n\n", ev[1], "data: [DONE]\n\n"}},
-		{name: "event over 1 MiB", stream: true, pieces: []string{ev[0], big, ev[1], "data: [DONE]\n\n"}},
+		{name: "event over max_rewrite_size", stream: true, pieces: []string{ev[0], big, ev[1], "data: [DONE]\n\n"}},
 		{name: "not SSE at all", stream: true, pieces: []string{"this is not an event stream\n", "at all, <think>no</think>"}},
 		{name: "gzip stream", stream: true, pieces: []string{gzipped(thinkStream)}, hdr: []string{"Content-Encoding", "gzip"}, gzip: true},
 		{name: "gzip completion", pieces: []string{gzipped(thinkJSON)}, hdr: []string{"Content-Encoding", "gzip", "Content-Type", "application/json"}, gzip: true},

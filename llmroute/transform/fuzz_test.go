@@ -452,3 +452,49 @@ func FuzzRewriteCompletion(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseRequestKeys: duplicates of model, stream, messages and of the
+// watched keys are reported exactly as a reference that walks the top-level
+// object with encoding/json's tokenizer finds them.
+func FuzzParseRequestKeys(f *testing.F) {
+	f.Add([]byte(`{"model":"m","temperature":1,"temperature":2}`))
+	f.Add([]byte(`{"model":"m","mod\u0065l":"n"}`))
+	f.Add([]byte(`{"model":"m","stream":true,"x":{"stream":1},"stream":false}`))
+	f.Add([]byte(`{"messages":[],"model":"m","top_p":1,"messages":{}}`))
+	watch := []string{"temperature", "top_p", "provider"}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		_, _, dups, err := ParseRequestKeys(body, watch)
+		if err == ErrBadJSON || !utf8.Valid(body) {
+			return
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		if tok, e := dec.Token(); e != nil || tok != json.Delim('{') {
+			return
+		}
+		count := map[string]int{}
+		for dec.More() {
+			tok, e := dec.Token()
+			if e != nil {
+				return
+			}
+			count[tok.(string)]++
+			var skip json.RawMessage
+			if dec.Decode(&skip) != nil {
+				return
+			}
+		}
+		wantDup := count["model"] > 1 || count["stream"] > 1 || count["messages"] > 1
+		if (err == ErrDuplicateKey) != wantDup {
+			t.Fatalf("%s: err %v, counts %v", body, err, count)
+		}
+		var want uint64
+		for i, k := range watch {
+			if count[k] > 1 {
+				want |= 1 << i
+			}
+		}
+		if dups != want {
+			t.Fatalf("%s: dups %b, want %b", body, dups, want)
+		}
+	})
+}
