@@ -69,6 +69,7 @@ func TestExampleQuickStart(t *testing.T) {
 	})
 
 	seen := map[string]bool{}
+	chat := "" // the quick start's non-stream request body
 	for _, c := range cmds {
 		switch {
 		case c.path == "/v1/models":
@@ -79,10 +80,14 @@ func TestExampleQuickStart(t *testing.T) {
 			checkDemoStream(t, p, c.body)
 		case c.path == "/v1/chat/completions":
 			seen["chat"] = true
+			chat = c.body
 			checkDemoAnswerAfterFailover(t, p, c.body)
 		case c.path == "/metrics":
 			seen["metrics"] = true
-			checkQuickStartMetrics(t, p, c.grep)
+			if chat == "" {
+				t.Fatal("the quick start scrapes the metrics before any chat request")
+			}
+			checkQuickStartMetrics(t, p, c, chat)
 		default:
 			t.Errorf("quick start runs %q, which this test does not check", c.line)
 		}
@@ -117,12 +122,14 @@ type quickStartCommand struct {
 	path string
 	body string // -d '…'
 	grep string // the `| grep -E '…'` filter, if any
+	drop string // the `| grep -v '…'` filter, if any
 }
 
 var (
 	curlURL  = regexp.MustCompile(`\blocalhost:(\d+)(/\S*)`)
 	curlBody = regexp.MustCompile(`-d '([^']*)'`)
 	curlGrep = regexp.MustCompile(`\| grep -E '([^']*)'`)
+	curlDrop = regexp.MustCompile(`\| grep -v '([^']*)'`)
 )
 
 // quickStartCommands reads the curl lines of the first sh block under the
@@ -159,6 +166,9 @@ func quickStartCommands(t *testing.T) []quickStartCommand {
 		}
 		if m := curlGrep.FindStringSubmatch(line); m != nil {
 			c.grep = m[1]
+		}
+		if m := curlDrop.FindStringSubmatch(line); m != nil {
+			c.drop = m[1]
 		}
 		want := "8100"
 		if c.path == "/metrics" {
@@ -341,46 +351,66 @@ func checkDemoStream(t *testing.T, p *proxy, body string) {
 	}
 }
 
-func checkQuickStartMetrics(t *testing.T, p *proxy, grep string) {
+// checkQuickStartMetrics checks what the metrics line of the quick start
+// shows; chat is a request body that fails over from the local upstream.
+func checkQuickStartMetrics(t *testing.T, p *proxy, c quickStartCommand, chat string) {
 	t.Helper()
-	if grep == "" {
+	if c.grep == "" {
 		t.Fatal("the metrics line of the quick start has no grep -E filter")
 	}
-	filter := regexp.MustCompile(grep)
+	keep := regexp.MustCompile(c.grep)
+	drop := regexp.MustCompile("^$") // drops nothing the keep filter let through
+	if c.drop != "" {
+		drop = regexp.MustCompile(c.drop)
+	}
 	shown := func() string {
 		var lines []string
 		for _, line := range strings.Split(p.metrics(), "\n") {
-			if filter.MatchString(line) {
+			if keep.MatchString(line) && !drop.MatchString(line) {
 				lines = append(lines, line)
 			}
 		}
 		return strings.Join(lines, "\n")
 	}
-	has := func(out, name string, labels ...string) float64 {
+	// value returns a series' value in the shown lines, -1 when not shown.
+	value := func(out, name string, labels ...string) float64 {
 		for _, line := range strings.Split(out, "\n") {
 			if rest, ok := strings.CutPrefix(line, series(name, labels...)+" "); ok {
 				var v float64
-				fmt.Sscan(rest, &v)
-				return v
+				if _, err := fmt.Sscan(rest, &v); err == nil {
+					return v
+				}
 			}
 		}
 		return -1
 	}
 	out := shown()
-	if v := has(out, "llm_proxy_requests_total", "model", "chat", "upstream", "local-qwen", "provider", "local", "result", "net_err"); v < 1 {
+	if v := value(out, "llm_proxy_requests_total", "model", "chat", "upstream", "local-qwen", "provider", "local", "result", "net_err"); v < 1 {
 		t.Errorf("local-qwen net_err = %v in\n%s", v, out)
 	}
+	if v := value(out, "llm_proxy_upstream_fail_streak", "upstream", "local-qwen", "provider", "local"); v < 1 {
+		t.Errorf("local-qwen fail_streak = %v in\n%s", v, out)
+	}
 	// The non-stream and the stream answer of the quick start.
-	if v := has(out, "llm_proxy_requests_total", "model", "chat", "upstream", "demo", "provider", "demo", "result", "ok"); v < 2 {
+	if v := value(out, "llm_proxy_requests_total", "model", "chat", "upstream", "demo", "provider", "demo", "result", "ok"); v < 2 {
 		t.Errorf("demo ok = %v in\n%s", v, out)
 	}
-	// Probes keep failing, so the local upstream keeps cooling; poll, as a
-	// scrape can fall between the end of one backoff and the next probe.
-	eventually(t, 30*time.Second, "local-qwen cooling in the quick-start metrics", func() bool {
+	if v := value(out, "llm_proxy_upstream_fail_streak", "upstream", "demo", "provider", "demo"); v > 0 {
+		t.Errorf("demo fail_streak = %v in\n%s", v, out)
+	}
+	// The first failure cools the local upstream for 1 s, and a failed
+	// probe does not extend it: on a slow machine that second may be over
+	// by now. Each further chat request that tries it again doubles the
+	// backoff (2 s, 4 s, …), so the cooling is soon longer than a scrape.
+	eventually(t, 60*time.Second, "local-qwen cooling in the quick-start metrics", func() bool {
 		out = shown()
-		return has(out, "llm_proxy_upstream_cooling_seconds", "upstream", "local-qwen", "provider", "local") > 0
+		if value(out, "llm_proxy_upstream_cooling_seconds", "upstream", "local-qwen", "provider", "local") > 0 {
+			return true
+		}
+		_ = demoMessage(t, p.chat(chat))
+		return false
 	})
-	if v := has(out, "llm_proxy_upstream_cooling_seconds", "upstream", "demo", "provider", "demo"); v != 0 {
+	if v := value(out, "llm_proxy_upstream_cooling_seconds", "upstream", "demo", "provider", "demo"); v > 0 {
 		t.Errorf("demo cooling = %v in\n%s", v, out)
 	}
 }
