@@ -521,3 +521,19 @@ func TestErrors(t *testing.T) {
 		t.Errorf("ErrorBody = %v", e)
 	}
 }
+
+// Servers that name the field "reasoning" (Ollama, newer vLLM) give the
+// same reasoning item; content_filter ends as incomplete.
+func TestStreamReasoningFieldAndContentFilter(t *testing.T) {
+	up := chatChunk(`{"reasoning":"hmm"}`, "") + chatChunk(`{"content":"no"}`, "content_filter") + "data: [DONE]\n\n"
+	evs := parseEvents(t, run(t, infoFor(t, `{"model":"m","input":"x"}`), up, whole))
+	final := evs[len(evs)-1]
+	r := final.data["response"].(map[string]any)
+	out := r["output"].([]any)
+	if final.name != "response.incomplete" || !reflect.DeepEqual(r["incomplete_details"], map[string]any{"reason": "content_filter"}) || len(out) != 2 {
+		t.Fatalf("final = %s", final.raw)
+	}
+	if rs := out[0].(map[string]any); rs["type"] != "reasoning" || rs["content"].([]any)[0].(map[string]any)["text"] != "hmm" {
+		t.Errorf("reasoning = %v", rs)
+	}
+}
