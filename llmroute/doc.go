@@ -18,6 +18,11 @@
 //   - prober.go    background probes of cooling upstreams
 //   - metrics.go   collectors registered per config; gauges read from state
 //   - errors.go    the OpenAI error shape
+//   - registry.go  the handler instances of the running config(s)
+//   - status.go    status snapshot and explain verdicts: pure reads of state
+//   - admin.go     admin.api.llm_route: /llm_route/status, explain, the page
+//     (admin_page.html/.js/.css, embedded)
+//   - cli/         `caddy llm-route status|explain`, over the admin API
 //
 // Arrows that never exist: llmroute never imports the caddyfile package;
 // package transform imports nothing of Caddy or of this package; state.go

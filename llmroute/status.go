@@ -267,8 +267,11 @@ type explanation struct {
 	Choice *string `json:"choice"`
 	// Outcome says what happens to a request now: "upstream" (sent to
 	// choice), "queue" (waits for a slot), "busy" or "cooling" (a 503).
-	Outcome    string            `json:"outcome"`
-	Tokens     *int64            `json:"tokens"` // the tokens asked about, null if not given
+	Outcome string `json:"outcome"`
+	// Tokens echoes ?tokens=N (null if not given). No verdict uses it yet:
+	// "context" needs upstreams[].context_window (SPEC §15), which this
+	// build does not have.
+	Tokens     *int64            `json:"tokens"`
 	QueueDepth int               `json:"queue_depth"`
 	QueueSize  int               `json:"queue_size"`
 	Upstreams  []upstreamVerdict `json:"upstreams"`
