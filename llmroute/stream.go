@@ -54,7 +54,9 @@ type clientWriter struct {
 	deadlineSet  bool
 	noDeadline   bool // the connection cannot take one
 
-	// done: the stream's final event ([DONE]) has been written. carry is
+	// done: the stream's final event ([DONE]) has been written; a stage
+	// that writes another wire format (a front's translator) sets it for
+	// its own final event. carry is
 	// the end of what was written before, so a marker split over two writes
 	// is found too.
 	done     bool
@@ -119,11 +121,6 @@ func (c *clientWriter) clearDeadline() {
 
 // doneMarker is the final event of a chat completion stream.
 const doneMarker = "data: [DONE]"
-
-// markDone records that the stream's final event reached the client; a
-// stage that writes another wire format (a front's translator) calls it for
-// its own final event.
-func (c *clientWriter) markDone() { c.done = true }
 
 // noteDone looks for the [DONE] event, at a line start, in what is being
 // written.
