@@ -377,6 +377,10 @@ type soakGen struct {
 	start, end time.Time
 }
 
+// soakForward lets the request id through the client header allow-list:
+// the fake upstreams key their faults and answers off it.
+var soakForward = []string{"X-Soak-Id"}
+
 // soakConfig draws a config: limits, queue size, timeouts.
 func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string]int) {
 	pick := func(vals ...string) string { return vals[rnd.Intn(len(vals))] }
@@ -385,10 +389,11 @@ func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string
 	conf := cfg(
 		[]map[string]any{
 			obj("id", "sp-a", "url", a.base(), "key", "{env.LLM_ROUTE_SOAK_KEY}", "backoff", "2s", "probe_interval", "200ms",
-				"first_byte_timeout", fb, "stream_idle_timeout", idle),
+				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward),
 			obj("id", "sp-b", "url", b.base(), "key", soakKeys[1], "think_tags", "split",
-				"first_byte_timeout", fb, "stream_idle_timeout", idle),
-			obj("id", "sp-c", "url", c.base(), "key", soakKeys[2], "first_byte_timeout", fb, "stream_idle_timeout", idle),
+				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward),
+			obj("id", "sp-c", "url", c.base(), "key", soakKeys[2], "first_byte_timeout", fb, "stream_idle_timeout", idle,
+				"forward_headers", soakForward),
 		},
 		[]map[string]any{
 			obj("id", "a1", "provider", "sp-a", "model", "a1", "max_concurrency", limits["a1"]),
