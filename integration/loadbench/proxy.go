@@ -54,8 +54,11 @@ func caddyConfig(port, adminPort int, handler map[string]any) ([]byte, error) {
 // "think-model" with think_tags split.
 func llmHandler(upstreamURL string) map[string]any {
 	return map[string]any{
-		"handler":   "llm_route",
-		"providers": []any{map[string]any{"id": "fake", "url": upstreamURL + "/v1"}},
+		"handler": "llm_route",
+		"providers": []any{map[string]any{"id": "fake", "url": upstreamURL + "/v1",
+			// The fake upstream picks its answer by this header; the client
+			// header allow-list keeps it back unless the provider names it.
+			"forward_headers": []string{modeHeader}}},
 		"upstreams": []any{
 			map[string]any{"id": "real", "provider": "fake", "model": realModel},
 			map[string]any{"id": "think", "provider": "fake", "model": realThinkModel, "think_tags": "split"},
