@@ -1,0 +1,394 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	anthropic "github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	ooption "github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+)
+
+// nativeMessages answers POST /v1/messages as llama.cpp's server does: a
+// message object, or its event stream (every event named), and
+// /v1/messages/count_tokens with a count.
+func nativeMessages(text string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/count_tokens") {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"input_tokens":42}`)
+			return
+		}
+		if !strings.HasSuffix(r.URL.Path, "/messages") {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		if !isStream(r) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"msg_native1","type":"message","role":"assistant","model":"real-model","content":[{"type":"text","text":%q}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":2}}`, text)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		ev := func(name, data string) { fmt.Fprintf(w, "event: %s\ndata: %s\n\n", name, data) }
+		ev("message_start", `{"type":"message_start","message":{"id":"msg_native1","type":"message","role":"assistant","model":"real-model","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}}`)
+		ev("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
+		for _, word := range strings.SplitAfter(text, " ") {
+			ev("content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, word))
+		}
+		ev("content_block_stop", `{"type":"content_block_stop","index":0}`)
+		ev("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"input_tokens":3,"output_tokens":2}}`)
+		ev("message_stop", `{"type":"message_stop"}`)
+	}
+}
+
+// frontsConfig: model m served by the listed fakes in order; native ones
+// serve messages, responses, embeddings and completions natively with
+// x-api-key auth, the others only chat.
+func frontsConfig(ups []*fakeUpstream, native []bool) map[string]any {
+	var providers, upstreams []any
+	var ids []string
+	for i, up := range ups {
+		p := map[string]any{"id": fmt.Sprintf("p%d", i+1), "url": up.base(), "key": fmt.Sprintf("sk-test-secret-%d", i+1)}
+		if native[i] {
+			p["apis"] = []string{"chat", "messages", "responses", "embeddings", "completions"}
+			p["auth"] = "x-api-key"
+		}
+		providers = append(providers, p)
+		id := fmt.Sprintf("u%d", i+1)
+		upstreams = append(upstreams, map[string]any{"id": id, "provider": p["id"], "model": "real-model"})
+		ids = append(ids, id)
+	}
+	return map[string]any{"providers": providers, "upstreams": upstreams,
+		"models": []any{map[string]any{"name": "m", "upstreams": ids}}}
+}
+
+// withModel replaces cfg's models: name followed by its upstream ids, then
+// the next name …
+func withModel(cfg map[string]any, spec ...string) map[string]any {
+	var models []any
+	for _, w := range spec {
+		if w == "m" || w == "t" {
+			models = append(models, map[string]any{"name": w, "upstreams": []string{}})
+			continue
+		}
+		m := models[len(models)-1].(map[string]any)
+		m["upstreams"] = append(m["upstreams"].([]string), w)
+	}
+	cfg["models"] = models
+	return cfg
+}
+
+func anthropicClient(p *proxy) anthropic.Client {
+	return anthropic.NewClient(aoption.WithBaseURL(p.URL), aoption.WithAPIKey("client-key"), aoption.WithMaxRetries(0))
+}
+
+func userText(s string) anthropic.MessageParam {
+	return anthropic.NewUserMessage(anthropic.NewTextBlock(s))
+}
+
+// TestMessagesFrontTranslated: the Anthropic SDK against a chat-only
+// upstream, non-stream and stream; the upstream sees a chat request.
+func TestMessagesFrontTranslated(t *testing.T) {
+	up := newUpstream(t, completion("hello world"))
+	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
+	c := anthropicClient(p)
+	params := anthropic.MessageNewParams{Model: "m", MaxTokens: 64, System: []anthropic.TextBlockParam{{Text: "be brief"}},
+		Messages: []anthropic.MessageParam{userText("hi")}}
+	msg, err := c.Messages.New(context.Background(), params)
+	if err != nil {
+		t.Fatalf("Messages.New: %v", err)
+	}
+	if len(msg.Content) != 1 || msg.Content[0].Text != "hello world" || msg.StopReason != "end_turn" || msg.Usage.OutputTokens != 1 {
+		t.Fatalf("message = %+v", msg)
+	}
+	calls := up.Calls()
+	if len(calls) != 1 || calls[0].Path != "/v1/chat/completions" {
+		t.Fatalf("upstream calls = %+v", calls)
+	}
+	var chat struct {
+		Model    string
+		Messages []struct{ Role, Content string }
+	}
+	if err := json.Unmarshal(calls[0].Body, &chat); err != nil || chat.Model != "real-model" || len(chat.Messages) != 2 ||
+		chat.Messages[0].Role != "system" || chat.Messages[0].Content != "be brief" || chat.Messages[1].Content != "hi" {
+		t.Fatalf("upstream body %s (%v)", calls[0].Body, err)
+	}
+	if got := calls[0].Header.Get("Authorization"); got != "Bearer sk-test-secret-1" {
+		t.Fatalf("Authorization = %q", got)
+	}
+
+	st := c.Messages.NewStreaming(context.Background(), params)
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatalf("Accumulate: %v", err)
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if len(acc.Content) != 1 || acc.Content[0].Text != "hello world" || acc.StopReason != "end_turn" {
+		t.Fatalf("streamed message = %+v", acc)
+	}
+	if n := p.requests("m", "u1", "p1", "ok"); n != 2 {
+		t.Fatalf("requests_total ok = %v, want 2", n)
+	}
+	if logs := p.logEntries("request completed"); len(logs) == 0 || logs[len(logs)-1]["api"] != "messages" || logs[len(logs)-1]["mode"] != "translated" {
+		t.Fatalf("completion log = %v", logs)
+	}
+}
+
+// TestMessagesFrontNative: a native Messages upstream gets the body as sent
+// (model swapped, billing block removed), the key as x-api-key and the
+// anthropic headers; the SDK's accumulated stream equals, field by field,
+// what the translated path gives for the same answer (ids aside).
+func TestMessagesFrontNative(t *testing.T) {
+	native := newUpstream(t, nativeMessages("hello world"))
+	chatUp := newUpstream(t, completion("hello world"))
+	p := startProxy(t, withModel(frontsConfig([]*fakeUpstream{native, chatUp}, []bool{true, false}), "m", "u1", "t", "u2"))
+	body := `{"model":"m","max_tokens":64,"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=1; cch=abc;"},{"type":"text","text":"be brief"}],"messages":[{"role":"user","content":"hi"}]}`
+	req, _ := http.NewRequest(http.MethodPost, p.URL+"/v1/messages?beta=true", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("anthropic-version", "2023-06-01")
+	req.Header.Set("anthropic-beta", "claude-code-20250219")
+	req.Header.Set("x-api-key", "client-key")
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := readAll(t, resp)
+	want := `{"id":"msg_native1","type":"message","role":"assistant","model":"real-model","content":[{"type":"text","text":"hello world"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":2}}`
+	if resp.StatusCode != 200 || got != want {
+		t.Fatalf("native answer %d %s", resp.StatusCode, got)
+	}
+	calls := native.Calls()
+	if len(calls) != 1 || calls[0].Path != "/v1/messages" {
+		t.Fatalf("calls %+v", calls)
+	}
+	wantUp := `{"model":"real-model","max_tokens":64,"system":[{"type":"text","text":"be brief"}],"messages":[{"role":"user","content":"hi"}]}`
+	if string(calls[0].Body) != wantUp {
+		t.Fatalf("upstream body\n got %s\nwant %s", calls[0].Body, wantUp)
+	}
+	h := calls[0].Header
+	if h.Get("X-Api-Key") != "sk-test-secret-1" || h.Get("Authorization") != "" || h.Get("Anthropic-Version") != "2023-06-01" || h.Get("Anthropic-Beta") != "claude-code-20250219" {
+		t.Fatalf("upstream headers %v", h)
+	}
+
+	// The same conversation streamed natively and translated.
+	accumulate := func(model string) anthropic.Message {
+		params := anthropic.MessageNewParams{Model: anthropic.Model(model), MaxTokens: 64, Messages: []anthropic.MessageParam{userText("hi")}}
+		c := anthropicClient(p)
+		st := c.Messages.NewStreaming(context.Background(), params)
+		var acc anthropic.Message
+		for st.Next() {
+			if err := acc.Accumulate(st.Current()); err != nil {
+				t.Fatalf("Accumulate: %v", err)
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		return acc
+	}
+	n, tr := accumulate("m"), accumulate("t")
+	if n.Role != tr.Role || n.Model != tr.Model || n.StopReason != tr.StopReason || n.StopSequence != tr.StopSequence ||
+		len(n.Content) != len(tr.Content) || n.Content[0].Type != tr.Content[0].Type || n.Content[0].Text != tr.Content[0].Text ||
+		n.Type != tr.Type {
+		t.Fatalf("native %+v\ntranslated %+v", n, tr)
+	}
+	if !strings.HasPrefix(tr.ID, "msg_") {
+		t.Fatalf("translated id %q", tr.ID)
+	}
+}
+
+// TestMessagesFailoverNativeToTranslated: the native upstream answers 503,
+// the request moves to the chat-only one before any byte reached the client.
+func TestMessagesFailoverNativeToTranslated(t *testing.T) {
+	native := newUpstream(t, status(http.StatusServiceUnavailable))
+	chatUp := newUpstream(t, completion("from chat"))
+	p := startProxy(t, frontsConfig([]*fakeUpstream{native, chatUp}, []bool{true, false}))
+	c := anthropicClient(p)
+	st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 16, Messages: []anthropic.MessageParam{userText("hi")}})
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if len(acc.Content) != 1 || acc.Content[0].Text != "from chat" {
+		t.Fatalf("message %+v", acc)
+	}
+	if len(native.Calls()) != 1 || native.Calls()[0].Path != "/v1/messages" || len(chatUp.Calls()) != 1 || chatUp.Calls()[0].Path != "/v1/chat/completions" {
+		t.Fatalf("calls native %d chat %d", len(native.Calls()), len(chatUp.Calls()))
+	}
+	if p.requests("m", "u1", "p1", "5xx") != 1 || p.requests("m", "u2", "p2", "ok") != 1 {
+		t.Fatalf("metrics:\n%s", p.metrics())
+	}
+}
+
+// TestMessagesErrors: errors the SDK parses, in Anthropic's shape.
+func TestMessagesErrors(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":{"message":"context too long","type":"invalid_request_error","code":"context_length_exceeded"}}`)
+	})
+	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
+	c := anthropicClient(p)
+	check := func(model string, status int, typ string) {
+		t.Helper()
+		_, err := c.Messages.New(context.Background(), anthropic.MessageNewParams{Model: anthropic.Model(model), MaxTokens: 16, Messages: []anthropic.MessageParam{userText("hi")}})
+		var apiErr *anthropic.Error
+		if !errors.As(err, &apiErr) {
+			t.Fatalf("%s: err = %v", model, err)
+		}
+		raw := apiErr.RawJSON()
+		var body struct {
+			Type  string
+			Error struct{ Type, Message string }
+		}
+		if apiErr.StatusCode != status || json.Unmarshal([]byte(raw), &body) != nil || body.Type != "error" || body.Error.Type != typ {
+			t.Fatalf("%s: status %d body %s", model, apiErr.StatusCode, raw)
+		}
+	}
+	check("nope", 404, "not_found_error")
+	check("m", 400, "invalid_request_error")
+}
+
+// TestCountTokens: a native upstream answers (no slot taken); with only a
+// chat upstream the proxy estimates and says so.
+func TestCountTokens(t *testing.T) {
+	native := newUpstream(t, nativeMessages("x"))
+	chatUp := newUpstream(t, completion("x"))
+	p := startProxy(t, withModel(frontsConfig([]*fakeUpstream{native, chatUp}, []bool{true, false}), "m", "u1", "t", "u2"))
+	c := anthropicClient(p)
+	res, err := c.Messages.CountTokens(context.Background(), anthropic.MessageCountTokensParams{Model: "m", Messages: []anthropic.MessageParam{userText("hello there")}})
+	if err != nil || res.InputTokens != 42 {
+		t.Fatalf("count %+v %v", res, err)
+	}
+	if c := native.Calls(); len(c) != 1 || c[0].Path != "/v1/messages/count_tokens" {
+		t.Fatalf("calls %+v", c)
+	}
+
+	var raw *http.Response
+	res, err = c.Messages.CountTokens(context.Background(), anthropic.MessageCountTokensParams{Model: "t", Messages: []anthropic.MessageParam{userText("hello there")}}, aoption.WithResponseInto(&raw))
+	if err != nil || res.InputTokens <= 0 || raw.Header.Get("X-LLM-Route-Estimate") != "true" {
+		t.Fatalf("estimate %+v %v", res, err)
+	}
+	if len(chatUp.Calls()) != 0 {
+		t.Fatalf("a chat-only upstream was asked to count")
+	}
+}
+
+// TestMessagesSessionHeader: a client's own session id wins over the hash.
+func TestMessagesSessionHeader(t *testing.T) {
+	up := newUpstream(t, completion("ok"))
+	cfg := frontsConfig([]*fakeUpstream{up}, []bool{false})
+	cfg["providers"].([]any)[0].(map[string]any)["session_header"] = "x-session-affinity"
+	p := startProxy(t, cfg)
+	c := anthropicClient(p)
+	params := anthropic.MessageNewParams{Model: "m", MaxTokens: 16, Messages: []anthropic.MessageParam{userText("hi")}}
+	if _, err := c.Messages.New(context.Background(), params, aoption.WithHeader("x-claude-code-session-id", "cc-session-7")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Messages.New(context.Background(), params); err != nil {
+		t.Fatal(err)
+	}
+	calls := up.Calls()
+	if got := calls[0].Header.Get("X-Session-Affinity"); got != "cc-session-7" {
+		t.Fatalf("session header %q", got)
+	}
+	if got := calls[1].Header.Get("X-Session-Affinity"); got == "" || got == "cc-session-7" {
+		t.Fatalf("computed session %q", got)
+	}
+}
+
+// TestResponsesFrontBasic: openai-go's Responses API through a chat-only
+// upstream, non-stream and stream.
+func TestResponsesFrontBasic(t *testing.T) {
+	up := newUpstream(t, completion("hello world"))
+	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
+	c := openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0))
+	params := responses.ResponseNewParams{Model: "m", Instructions: openai.String("be brief"),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
+	r, err := c.Responses.New(context.Background(), params)
+	if err != nil {
+		t.Fatalf("Responses.New: %v", err)
+	}
+	if r.OutputText() != "hello world" || r.Status != "completed" || r.Usage.OutputTokens != 1 {
+		t.Fatalf("response %+v", r)
+	}
+	st := c.Responses.NewStreaming(context.Background(), params)
+	var text string
+	completed := false
+	for st.Next() {
+		ev := st.Current()
+		switch ev.Type {
+		case "response.output_text.delta":
+			text += ev.Delta
+		case "response.completed":
+			completed = true
+		}
+	}
+	if err := st.Err(); err != nil || text != "hello world" || !completed {
+		t.Fatalf("stream text %q completed %v err %v", text, completed, err)
+	}
+	for _, call := range up.Calls() {
+		if call.Path != "/v1/chat/completions" {
+			t.Fatalf("upstream path %s", call.Path)
+		}
+	}
+}
+
+// TestEmbeddingsCompletionsPassThrough: embeddings skip the chat-only
+// upstream and go natively to the one serving them; a model without any
+// gets a 503 that says so.
+func TestEmbeddingsCompletionsPassThrough(t *testing.T) {
+	const emb = `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5,0.25]}],"model":"real-model","usage":{"prompt_tokens":1,"total_tokens":1}}`
+	const cmpl = `{"id":"cmpl-1","object":"text_completion","created":1,"model":"real-model","choices":[{"index":0,"text":"42","finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+	chatUp := newUpstream(t, completion("x"))
+	native := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/embeddings") {
+			io.WriteString(w, emb)
+			return
+		}
+		io.WriteString(w, cmpl)
+	})
+	p := startProxy(t, withModel(frontsConfig([]*fakeUpstream{chatUp, native}, []bool{false, true}), "m", "u1", "u2", "t", "u1"))
+	c := openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0))
+	e, err := c.Embeddings.New(context.Background(), openai.EmbeddingNewParams{Model: "m", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("hi")}})
+	if err != nil || len(e.Data) != 1 || e.Data[0].Embedding[1] != 0.25 {
+		t.Fatalf("embeddings %+v %v", e, err)
+	}
+	co, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "m", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("6*7=")}})
+	if err != nil || len(co.Choices) != 1 || co.Choices[0].Text != "42" {
+		t.Fatalf("completions %+v %v", co, err)
+	}
+	if len(chatUp.Calls()) != 0 {
+		t.Fatalf("the chat-only upstream got %d calls", len(chatUp.Calls()))
+	}
+	if calls := native.Calls(); len(calls) != 2 || calls[0].Path != "/v1/embeddings" || calls[1].Path != "/v1/completions" ||
+		!strings.Contains(string(calls[0].Body), `"model":"real-model"`) {
+		t.Fatalf("native calls %+v", calls)
+	}
+
+	resp, err := testClient.Post(p.URL+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"t","input":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg := expectAPIError(t, resp, 503, "no_upstream_for_api"); !strings.Contains(msg, "embeddings") {
+		t.Fatalf("503 message %q", msg)
+	}
+}
