@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	anthropic "github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
@@ -391,4 +392,167 @@ func TestEmbeddingsCompletionsPassThrough(t *testing.T) {
 	if msg := expectAPIError(t, resp, 503, "no_upstream_for_api"); !strings.Contains(msg, "embeddings") {
 		t.Fatalf("503 message %q", msg)
 	}
+}
+
+// TestFrontsConfigErrors: a bad apis word or auth names the entry.
+func TestFrontsConfigErrors(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := startProxy(t, basicConfig(up, 0))
+	cfg := basicConfig(up, 0)
+	cfg["providers"].([]any)[0].(map[string]any)["apis"] = []string{"chat", "mesages"}
+	if err := p.loadErr(cfg); err == nil || !strings.Contains(err.Error(), `provider "p1": apis: "mesages"`) {
+		t.Fatalf("apis error = %v", err)
+	}
+	cfg = basicConfig(up, 0)
+	cfg["providers"].([]any)[0].(map[string]any)["auth"] = "basic"
+	if err := p.loadErr(cfg); err == nil || !strings.Contains(err.Error(), `provider "p1": auth: "basic"`) {
+		t.Fatalf("auth error = %v", err)
+	}
+	cfg = basicConfig(up, 0)
+	cfg["upstreams"].([]any)[0].(map[string]any)["apis"] = []string{"grpc"}
+	if err := p.loadErr(cfg); err == nil || !strings.Contains(err.Error(), `upstream "u1": apis: "grpc"`) {
+		t.Fatalf("upstream apis error = %v", err)
+	}
+}
+
+// chatStream answers a streaming chat request with the given raw chunk
+// payloads (each becomes a data: event), then [DONE].
+func chatStream(chunks ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var events []string
+		for _, c := range chunks {
+			events = append(events, "data: "+c+"\n\n")
+		}
+		writeStream(w, append(events, "data: [DONE]\n\n"), 0)
+	}
+}
+
+func chunk(delta, finish string) string {
+	f := "null"
+	if finish != "" {
+		f = `"` + finish + `"`
+	}
+	return `{"id":"chatcmpl-9","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + f + `}]}`
+}
+
+func streamMessage(t *testing.T, c anthropic.Client, params anthropic.MessageNewParams) anthropic.Message {
+	t.Helper()
+	st := c.Messages.NewStreaming(context.Background(), params)
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatalf("Accumulate: %v", err)
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	return acc
+}
+
+// TestMessagesThinking: a MiniMax-style <think> upstream under think_tags
+// split and a DeepSeek-style reasoning_content upstream both give the SDK a
+// thinking block before the text; usage reaches message_delta.
+func TestMessagesThinking(t *testing.T) {
+	minimax := newUpstream(t, chatStream(
+		chunk(`{"role":"assistant","content":"<think>let me"}`, ""),
+		chunk(`{"content":" see</think>four"}`, ""),
+		chunk(`{}`, "stop"),
+		`{"id":"chatcmpl-9","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}`))
+	deepseek := newUpstream(t, chatStream(
+		chunk(`{"role":"assistant","reasoning_content":"let me"}`, ""),
+		chunk(`{"reasoning_content":" see"}`, ""),
+		chunk(`{"content":"four"}`, ""),
+		chunk(`{}`, "stop"),
+		`{"id":"chatcmpl-9","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_cache_hit_tokens":4}}`))
+	cfg := withModel(frontsConfig([]*fakeUpstream{minimax, deepseek}, []bool{false, false}), "m", "u1", "t", "u2")
+	cfg["providers"].([]any)[0].(map[string]any)["think_tags"] = "split"
+	p := startProxy(t, cfg)
+	c := anthropicClient(p)
+	for _, model := range []string{"m", "t"} {
+		msg := streamMessage(t, c, anthropic.MessageNewParams{Model: anthropic.Model(model), MaxTokens: 64, Messages: []anthropic.MessageParam{userText("2+2?")}})
+		if len(msg.Content) != 2 || msg.Content[0].Type != "thinking" || msg.Content[0].Thinking != "let me see" ||
+			msg.Content[1].Type != "text" || msg.Content[1].Text != "four" || msg.StopReason != "end_turn" || msg.Usage.OutputTokens != 5 {
+			t.Fatalf("%s: message %+v", model, msg)
+		}
+		if model == "t" && (msg.Usage.InputTokens != 6 || msg.Usage.CacheReadInputTokens != 4) {
+			t.Fatalf("usage %+v", msg.Usage)
+		}
+		if strings.Contains(msg.Content[1].Text, "think") {
+			t.Fatalf("think tag leaked: %q", msg.Content[1].Text)
+		}
+	}
+}
+
+// TestMessagesToolRoundTrip: tool_use from the chat upstream's tool_calls,
+// then the tool_result turn reaches the upstream as a tool message.
+func TestMessagesToolRoundTrip(t *testing.T) {
+	up := newUpstream(t, chatStream(
+		chunk(`{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}`, ""),
+		chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}`, ""),
+		chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}`, ""),
+		chunk(`{}`, "tool_calls")))
+	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
+	c := anthropicClient(p)
+	tools := []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "get_weather",
+		InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"city": map[string]any{"type": "string"}}}}}}
+	params := anthropic.MessageNewParams{Model: "m", MaxTokens: 64, Tools: tools, Messages: []anthropic.MessageParam{userText("weather in Paris?")}}
+	msg := streamMessage(t, c, params)
+	if msg.StopReason != "tool_use" || len(msg.Content) != 1 || msg.Content[0].Type != "tool_use" || msg.Content[0].Name != "get_weather" ||
+		string(msg.Content[0].Input) != `{"city":"Paris"}` || msg.Content[0].ID == "" {
+		t.Fatalf("message %+v input %s", msg, msg.Content[0].Input)
+	}
+	// Turn two: the client ran the tool.
+	up.setHandler(completion("sunny"))
+	params.Messages = append(params.Messages, msg.ToParam(),
+		anthropic.NewUserMessage(anthropic.NewToolResultBlock(msg.Content[0].ID, "22C sunny", false)))
+	final, err := c.Messages.New(context.Background(), params)
+	if err != nil || final.Content[0].Text != "sunny" {
+		t.Fatalf("turn two %+v %v", final, err)
+	}
+	var chat struct {
+		Messages []struct {
+			Role       string
+			Content    any
+			ToolCallID string `json:"tool_call_id"`
+			ToolCalls  []struct {
+				ID       string
+				Function struct{ Name, Arguments string }
+			} `json:"tool_calls"`
+		}
+		Tools []struct {
+			Type     string
+			Function struct{ Name string }
+		}
+	}
+	calls := up.Calls()
+	if err := json.Unmarshal(calls[1].Body, &chat); err != nil {
+		t.Fatal(err)
+	}
+	m := chat.Messages
+	if len(m) != 3 || m[1].Role != "assistant" || len(m[1].ToolCalls) != 1 || m[1].ToolCalls[0].ID != msg.Content[0].ID ||
+		m[1].ToolCalls[0].Function.Arguments != `{"city":"Paris"}` || m[2].Role != "tool" || m[2].ToolCallID != msg.Content[0].ID ||
+		m[2].Content != "22C sunny" || len(chat.Tools) != 1 || chat.Tools[0].Function.Name != "get_weather" {
+		t.Fatalf("turn two upstream body %s", calls[1].Body)
+	}
+}
+
+// TestMessagesStreamBreak: a chat upstream that resets mid-stream gives the
+// Messages client an `event: error` in Anthropic's shape, then an abort.
+func TestMessagesStreamBreak(t *testing.T) {
+	up := newUpstream(t, resetAfter([]string{"data: " + chunk(`{"role":"assistant","content":"partial"}`, "") + "\n\n"}))
+	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
+	resp, err := testClient.Post(p.URL+"/v1/messages", "application/json",
+		strings.NewReader(`{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body) // ends in an error: the abort
+	resp.Body.Close()
+	s := string(body)
+	if !strings.Contains(s, "event: message_start") || !strings.Contains(s, `"partial"`) ||
+		!strings.Contains(s, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"") || strings.Contains(s, "message_stop") {
+		t.Fatalf("stream:\n%s", s)
+	}
+	eventually(t, 10*time.Second, "net_err recorded", func() bool { return p.requests("m", "u1", "p1", "net_err") == 1 })
 }
