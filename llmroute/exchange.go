@@ -31,8 +31,8 @@ type exchange struct {
 	r      *http.Request
 	t      *target
 	u      *upstream
-	stream bool // the client asked for a stream
-	fr     *frontReq
+	stream bool     // the client asked for a stream
+	fr     frontReq // copied: a pointer would make the serve loop's value escape
 
 	native, translated bool            // a non-chat front went natively / through a translator
 	ainfo              *anthropic.Info // the Messages translation, when translated
@@ -104,7 +104,7 @@ func (s *rewriteSink) end() error {
 
 // exchange does the HTTP work of an attempt.
 func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, fr *frontReq) attemptResult {
-	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: fr.stream, fr: fr}
+	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: fr.stream, fr: *fr}
 	defer ex.out.clearDeadline()
 	res := ex.run(body)
 	res.api, res.mode = fr.api, ex.mode()

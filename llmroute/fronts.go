@@ -162,7 +162,7 @@ type frontReq struct {
 // serves the front's API, else translated to chat (messages, responses).
 // A body the translator refuses is a front-shaped 400 in errBody.
 func (ex *exchange) buildBody(body []byte) (out []byte, ep endpoint, errBody []byte, status int) {
-	fr, u := ex.fr, ex.u
+	fr, u := &ex.fr, ex.u
 	if fr.api == apiChat {
 		out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &ex.t.edit)
 		if err != nil {
