@@ -556,3 +556,54 @@ func TestMessagesStreamBreak(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "net_err recorded", func() bool { return p.requests("m", "u1", "p1", "net_err") == 1 })
 }
+
+// TestMessagesImagesStopsAndBusy: an image block and stop_sequences reach
+// the chat upstream as image_url and stop; finish_reason length is
+// max_tokens; a busy model is the SDK's 503 overloaded_error.
+func TestMessagesImagesStopsAndBusy(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"chatcmpl-2","object":"chat.completion","created":1,"model":"real-model","choices":[{"index":0,"message":{"role":"assistant","content":"a red"},"finish_reason":"length"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`)
+	})
+	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
+	c := anthropicClient(p)
+	img := anthropic.NewImageBlockBase64("image/png", "iVBORw0KGgo=")
+	msg, err := c.Messages.New(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 2, StopSequences: []string{"END"},
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("what is this?"), img)}})
+	if err != nil || msg.StopReason != "max_tokens" || msg.Content[0].Text != "a red" || msg.Usage.InputTokens != 9 {
+		t.Fatalf("message %+v %v", msg, err)
+	}
+	var chat struct {
+		Stop      []string
+		MaxTokens int `json:"max_tokens"`
+		Messages  []struct {
+			Content []struct {
+				Type     string
+				Text     string
+				ImageURL struct{ URL string } `json:"image_url"`
+			}
+		}
+	}
+	body := up.Calls()[0].Body
+	if err := json.Unmarshal(body, &chat); err != nil || len(chat.Stop) != 1 || chat.Stop[0] != "END" || chat.MaxTokens != 2 ||
+		len(chat.Messages) != 1 || len(chat.Messages[0].Content) != 2 || chat.Messages[0].Content[1].Type != "image_url" ||
+		chat.Messages[0].Content[1].ImageURL.URL != "data:image/png;base64,iVBORw0KGgo=" {
+		t.Fatalf("upstream body %s (%v)", body, err)
+	}
+
+	// Busy: one slot, held by a hanging request.
+	g := newGate()
+	up.setHandler(g.handler(completion("late")))
+	cfg := frontsConfig([]*fakeUpstream{up}, []bool{false})
+	cfg["upstreams"].([]any)[0].(map[string]any)["max_concurrency"] = 1
+	p.load(cfg)
+	done := p.goChat(context.Background(), chatBody("m", false))
+	g.waitArrivals(t, 1)
+	_, err = c.Messages.New(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 2, Messages: []anthropic.MessageParam{userText("hi")}})
+	var apiErr *anthropic.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 503 || !strings.Contains(apiErr.RawJSON(), `"overloaded_error"`) || apiErr.Response.Header.Get("Retry-After") != "1" {
+		t.Fatalf("busy: %v", err)
+	}
+	g.open()
+	await(t, done)
+}
