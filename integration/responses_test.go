@@ -192,3 +192,85 @@ func TestResponsesReasoningContent(t *testing.T) {
 		t.Fatalf("reasoning %q text %q usage %+v err %v", reasoning, text, final.Usage, err)
 	}
 }
+
+// nativeResponses answers POST /v1/responses as OpenAI does: a response
+// object, or the documented event stream with sequence numbers.
+func nativeResponses(text string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/responses") {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		msg := fmt.Sprintf(`{"id":"msg_n1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":%q,"annotations":[]}]}`, text)
+		resp := func(status, output string) string {
+			return fmt.Sprintf(`{"id":"resp_n1","object":"response","created_at":1,"status":%q,"model":"real-model","output":[%s],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4,"input_tokens_details":{"cached_tokens":0},"output_tokens_details":{"reasoning_tokens":0}}}`, status, output)
+		}
+		if !isStream(r) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, resp("completed", msg))
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		seq := 0
+		ev := func(typ, rest string) {
+			fmt.Fprintf(w, "event: %s\ndata: {\"type\":%q,\"sequence_number\":%d,%s}\n\n", typ, typ, seq, rest)
+			seq++
+		}
+		ev("response.created", `"response":`+resp("in_progress", ""))
+		ev("response.in_progress", `"response":`+resp("in_progress", ""))
+		ev("response.output_item.added", `"output_index":0,"item":{"id":"msg_n1","type":"message","status":"in_progress","role":"assistant","content":[]}`)
+		ev("response.content_part.added", `"item_id":"msg_n1","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}`)
+		ev("response.output_text.delta", fmt.Sprintf(`"item_id":"msg_n1","output_index":0,"content_index":0,"delta":%q`, text))
+		ev("response.output_text.done", fmt.Sprintf(`"item_id":"msg_n1","output_index":0,"content_index":0,"text":%q`, text))
+		ev("response.content_part.done", fmt.Sprintf(`"item_id":"msg_n1","output_index":0,"content_index":0,"part":{"type":"output_text","text":%q,"annotations":[]}`, text))
+		ev("response.output_item.done", `"output_index":0,"item":`+msg)
+		ev("response.completed", `"response":`+resp("completed", msg))
+	}
+}
+
+// TestResponsesFailoverChatNative: a failing chat-only upstream fails over
+// to a native one (body passed as sent, stream byte for byte), and a failing
+// native one fails over to a chat-only one; both give the SDK the same text
+// and usage.
+func TestResponsesFailoverChatNative(t *testing.T) {
+	chatUp := newUpstream(t, status(500))
+	native := newUpstream(t, nativeResponses("hello"))
+	p := startProxy(t, frontsConfig([]*fakeUpstream{chatUp, native}, []bool{false, true}))
+	c := responsesClient(p)
+	params := responses.ResponseNewParams{Model: "m", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
+	r, err := c.Responses.New(context.Background(), params)
+	if err != nil || r.OutputText() != "hello" || r.Usage.OutputTokens != 1 {
+		t.Fatalf("chat→native: %v %+v", err, r)
+	}
+	st := c.Responses.NewStreaming(context.Background(), params)
+	var text string
+	var final responses.Response
+	for st.Next() {
+		ev := st.Current()
+		if ev.Type == "response.output_text.delta" {
+			text += ev.Delta
+		}
+		if ev.Type == "response.completed" {
+			final = ev.Response
+		}
+	}
+	if st.Err() != nil || text != "hello" || final.OutputText() != "hello" {
+		t.Fatalf("chat→native stream %q %v", text, st.Err())
+	}
+	if calls := native.Calls(); len(calls) != 2 || calls[0].Path != "/v1/responses" || !strings.Contains(string(calls[0].Body), `"model":"real-model"`) {
+		t.Fatalf("native calls %+v", calls)
+	}
+
+	// Reverse: native fails, chat-only answers through the translator.
+	chatUp.setHandler(completion("hello"))
+	native.setHandler(status(500))
+	p.load(withModel(frontsConfig([]*fakeUpstream{chatUp, native}, []bool{false, true}), "m", "u2", "u1"))
+	r2, err := c.Responses.New(context.Background(), params)
+	if err != nil || r2.OutputText() != r.OutputText() || r2.Usage.InputTokens != r.Usage.InputTokens ||
+		r2.Usage.OutputTokens != r.Usage.OutputTokens || len(r2.Output) != len(r.Output) || r2.Output[0].Type != r.Output[0].Type {
+		t.Fatalf("native→chat: %v\ntranslated %+v\nnative %+v", err, r2, r)
+	}
+	if !strings.HasPrefix(r2.ID, "resp_") || !strings.HasPrefix(r2.Output[0].ID, "msg_") {
+		t.Fatalf("translated ids %q %q", r2.ID, r2.Output[0].ID)
+	}
+}
