@@ -274,3 +274,22 @@ func TestResponsesFailoverChatNative(t *testing.T) {
 		t.Fatalf("translated ids %q %q", r2.ID, r2.Output[0].ID)
 	}
 }
+
+// TestResponsesErrors: an unknown model is a 404 and an upstream 400 is
+// relayed as a 400, both parsed by the SDK as *openai.Error.
+func TestResponsesErrors(t *testing.T) {
+	up := newUpstream(t, status(400))
+	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
+	c := responsesClient(p)
+	for _, tc := range []struct {
+		model string
+		code  int
+	}{{"nope", 404}, {"m", 400}} {
+		_, err := c.Responses.New(context.Background(), responses.ResponseNewParams{Model: tc.model,
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != tc.code || apiErr.Message == "" {
+			t.Fatalf("model %s: want %d, got %v", tc.model, tc.code, err)
+		}
+	}
+}
