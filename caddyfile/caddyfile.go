@@ -41,6 +41,9 @@ func init() {
 //	        key                 <key or placeholder>
 //	        max_concurrency     <int>
 //	        session_header      <header name>
+//	        apis                chat|messages|responses|embeddings|completions [...]
+//	        auth                bearer|x-api-key|api-key
+//	        keep_billing_header [true|false]
 //	        think_tags          off|split|strip|true|false
 //	        reasoning_field     <field>
 //	        reasoning_empty_ok  [true|false]
@@ -60,6 +63,7 @@ func init() {
 //	        provider            <provider id>
 //	        model               <real model name>
 //	        max_concurrency     <int>
+//	        apis                chat|messages|responses|embeddings|completions [...]
 //	        think_tags          off|split|strip|true|false
 //	        backoff             <duration>
 //	        first_byte_timeout  <duration>
@@ -290,6 +294,12 @@ func (p *parser) provider() error {
 			prov.ReasoningField, err = p.str(where, name)
 		case "reasoning_empty_ok":
 			prov.ReasoningEmptyOK, err = p.flag(where, name)
+		case "apis":
+			prov.APIs, err = p.args(where, name, 1, -1)
+		case "auth":
+			prov.Auth, err = p.str(where, name)
+		case "keep_billing_header":
+			prov.KeepBillingHeader, err = p.flag(where, name)
 		case "backoff":
 			prov.Backoff, err = p.duration(where, name)
 		case "first_byte_timeout":
@@ -377,6 +387,8 @@ func (p *parser) upstream() error {
 			up.Model, err = p.str(where, name)
 		case "max_concurrency":
 			up.MaxConcurrency, err = p.count(where, name)
+		case "apis":
+			up.APIs, err = p.args(where, name, 1, -1)
 		case "think_tags":
 			up.ThinkTags, err = p.thinkTags(where, name)
 		case "backoff":

@@ -53,6 +53,10 @@ type attemptResult struct {
 	// fault: the upstream broke a response that had started (a cut or a
 	// stall) and is backed off for it. A failover always is.
 	fault bool
+	// api and mode name the front and how the attempt went (native,
+	// translated), for the completion log.
+	api  api
+	mode string
 }
 
 // Reasons a stream can end abnormally after its first byte reached the
@@ -67,7 +71,7 @@ const (
 // claimed, and either hands the response to the client or reports a failure
 // that may fail over. The slot is released, and the outcome recorded, exactly
 // once on every path, panics included.
-func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *target, body []byte, stream bool) (res attemptResult) {
+func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *target, body []byte, fr *frontReq) (res attemptResult) {
 	start := time.Now()
 	recorded := false
 	defer func() {
@@ -81,7 +85,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 			panic(p)
 		}
 	}()
-	res = h.exchange(w, r, t, body, stream)
+	res = h.exchange(w, r, t, body, fr)
 	h.finish(rt, t, res, start)
 	recorded = true
 	if res.abort {
@@ -259,7 +263,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Tim
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
-			zap.Int64("slot_released", n), limitField(u.limit))
+			zap.Int64("slot_released", n), limitField(u.limit), zap.Stringer("api", res.api), zap.String("mode", res.mode))
 	}
 }
 

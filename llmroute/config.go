@@ -73,6 +73,24 @@ type Provider struct {
 	// message has no reasoning text at all. Default false (no field).
 	ReasoningEmptyOK bool `json:"reasoning_empty_ok,omitempty"`
 
+	// APIs are the wire APIs this provider's upstreams serve natively (SPEC
+	// §13), from `chat`, `messages`, `responses`, `embeddings` and
+	// `completions`. Default `["chat"]`. A Messages or Responses request to
+	// an upstream without its API is translated to chat; an embeddings or
+	// completions request skips such an upstream.
+	APIs []string `json:"apis,omitempty"`
+
+	// Auth is the header the provider's key goes in: `bearer` (default,
+	// `Authorization: Bearer <key>`), `x-api-key` (Anthropic) or `api-key`
+	// (Azure).
+	Auth string `json:"auth,omitempty"`
+
+	// KeepBillingHeader keeps Claude Code's `x-anthropic-billing-header:`
+	// first system block in Messages requests to this provider. Default
+	// false: it is removed, since it changes on every request and defeats
+	// prefix caches.
+	KeepBillingHeader bool `json:"keep_billing_header,omitempty"`
+
 	// Backoff is the cap of the exponential backoff (1s, 2s, 4s, … up to the
 	// cap) with ONE failure counter shared by all upstreams of this provider
 	// that do not set their own backoff. Absent means no provider backoff.
@@ -130,6 +148,10 @@ type Upstream struct {
 
 	// ThinkTags overrides the provider's think-tag handling for this upstream.
 	ThinkTags ThinkTags `json:"think_tags,omitempty"`
+
+	// APIs overrides the provider's apis for this upstream. Default: the
+	// provider's.
+	APIs []string `json:"apis,omitempty"`
 
 	// Backoff gives this upstream its own failure counter with this cap; the
 	// provider's backoff then does not apply to it.
@@ -325,6 +347,12 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		if p.SessionHeader != "" && !validHeaderName(p.SessionHeader) {
 			bad("%s: session_header %q is not a valid header name", where, p.SessionHeader)
 		}
+		if _, err := parseAPIs(p.APIs); err != nil {
+			bad("%s: apis: %v", where, err)
+		}
+		if _, ok := authHeaders[p.Auth]; !ok {
+			bad("%s: auth: %q is not bearer, x-api-key or api-key", where, p.Auth)
+		}
 	}
 
 	upstreamIDs := make(map[string]bool, len(upstreams))
@@ -348,6 +376,9 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		}
 		if u.Model == "" {
 			bad("%s: model is required", where)
+		}
+		if _, err := parseAPIs(u.APIs); err != nil {
+			bad("%s: apis: %v", where, err)
 		}
 		if u.MaxConcurrency < 0 {
 			bad("%s: max_concurrency must not be negative (0 = inherit)", where)

@@ -8,7 +8,20 @@
 //   - duration.go  ISO-8601 + Go durations
 //   - provision.go effective settings resolved once; shared state adopted;
 //     limits applied on Caddy's "started" event; Cleanup
-//   - serve.go     ServeHTTP: parse → admit → attempt → failover loop
+//   - front.go     the path table: which front (chat, messages,
+//     count_tokens, responses, embeddings, completions, models) a path is
+//   - serve.go     ServeHTTP: parse → admit → attempt → failover loop, one
+//     loop for every generation front (serveFront)
+//   - apis.go      the backs: an upstream's native apis, its endpoint URLs
+//     (precomputed), the auth header of its key
+//   - fronts.go    the one place that decides per attempt native or
+//     translated (buildBody), front-shaped errors, the translator stages
+//     of the sink chain, client session ids
+//   - count_tokens.go  Messages count_tokens: no slot, native or estimated
+//   - exchange.go  one attempt's HTTP work and its sink chain:
+//     upstream → [think rewriter] → [front translator] → client
+//   - wire/anthropic, wire/responses  pure translators Messages ⇄ chat and
+//     Responses ⇄ chat (no Caddy, no llmroute import)
 //   - attempt.go   one try at one upstream: request build, first-byte
 //     watchdog, outcome classification, slot release and metrics
 //   - stream.go    the response body: passthrough or think-tag rewrite,
@@ -25,7 +38,7 @@
 //   - cli/         `caddy llm-route status|explain`, over the admin API
 //
 // Arrows that never exist: llmroute never imports the caddyfile package;
-// package transform imports nothing of Caddy or of this package; state.go
+// packages transform and wire/* import nothing of Caddy or of this package; state.go
 // holds data and atomics that handlers, the queue and the prober act on (its
 // one outward call wakes the queue when a slot frees).
 package llmroute

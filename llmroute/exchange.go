@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
+	"github.com/llm-route/caddy-llm-route/llmroute/wire/responses"
 )
 
 // exchange carries one attempt's HTTP work from the request going upstream
@@ -29,7 +31,14 @@ type exchange struct {
 	r      *http.Request
 	t      *target
 	u      *upstream
-	stream bool // the client asked for a stream
+	stream bool     // the client asked for a stream
+	fr     frontReq // copied: a pointer would make the serve loop's value escape
+
+	native, translated bool            // a non-chat front went natively / through a translator
+	ainfo              *anthropic.Info // the Messages translation, when translated
+	rinfo              *responses.Info // the Responses translation, when translated
+	st                 translator      // the front's stream stage, when translated
+	ts                 translateSink
 
 	ctx    context.Context // the attempt: request_timeout, watchdog
 	cancel context.CancelFunc
@@ -94,10 +103,12 @@ func (s *rewriteSink) end() error {
 }
 
 // exchange does the HTTP work of an attempt.
-func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
-	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: stream}
+func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, fr *frontReq) attemptResult {
+	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: fr.stream, fr: *fr}
 	defer ex.out.clearDeadline()
-	return ex.run(body)
+	res := ex.run(body)
+	res.api, res.mode = fr.api, ex.mode()
+	return res
 }
 
 func (ex *exchange) run(body []byte) attemptResult {
@@ -105,10 +116,15 @@ func (ex *exchange) run(body []byte) attemptResult {
 	// The outgoing body is not pooled: the transport may still be writing it
 	// after RoundTrip returns. Wrapped as NopCloser(*bytes.Reader), net/http
 	// knows it is in memory and sends headers and body in one write.
-	out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &ex.t.edit)
-	if err != nil {
-		errBadJSON.write(ex.w)
-		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}
+	out, ep, errBody, status := ex.buildBody(body)
+	if status != 0 {
+		if errBody != nil {
+			ex.w.Header().Set("Cache-Control", "no-store")
+			writeJSON(ex.w, status, errBody)
+		} else {
+			errBadJSON.writeAs(ex.w, ex.fr.f)
+		}
+		return attemptResult{out: outDone, result: result4xx, status: status}
 	}
 	reqBody := io.NopCloser(bytes.NewReader(out))
 
@@ -120,7 +136,14 @@ func (ex *exchange) run(body []byte) attemptResult {
 	}
 	defer ex.w8.stop()
 
-	resp, err := u.transport.RoundTrip(h.upstreamRequest(ex.ctx, r, u, out, reqBody))
+	req := h.upstreamRequest(ex.ctx, r, u, u.urls[ep], out, reqBody)
+	if u.sessionHdr != "" {
+		req.Header.Set(u.sessionHdr, ex.sessionID(body, out))
+	}
+	if ex.translated {
+		req.Header.Set("Accept-Encoding", "identity") // the answer is translated
+	}
+	resp, err := u.transport.RoundTrip(req)
 	if err != nil {
 		return h.classifyError(r, u, &ex.w8, ex.ctx, err)
 	}
@@ -175,7 +198,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
 	// The client gets the upstream's status and headers (x-request-id, its
 	// Content-Type, a 400's status), minus hop-by-hop ones.
-	h.writeResponseHeader(ex.w, resp, u, ex.t)
+	h.writeResponseHeader(ex.w, resp, u, ex.translated)
 	if serr := ex.copyResponse(); serr != nil {
 		res.result = serr.result
 		res.abort = serr.code != ""
@@ -224,6 +247,10 @@ func (ex *exchange) chooseSinks() {
 	}
 	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0, ex.sse, h.clientWrite, limit, ex.r.ProtoMajor == 2)
 	ex.sink = &ex.out
+	if ex.translated {
+		ex.chooseTranslator(rewrite)
+		return
+	}
 	switch {
 	case rewrite && !ex.sse:
 		ex.body = thinkBody(u.think)
@@ -233,6 +260,30 @@ func (ex *exchange) chooseSinks() {
 		ex.rws = rewriteSink{rw: rw, out: &ex.out}
 		ex.sink = &ex.rws
 	}
+}
+
+// chooseTranslator sets up a translated answer: an event stream goes
+// through the think rewriter (when rewrite) into the front's Stream; any
+// other body (a 2xx completion, an upstream error) is read whole and
+// translated as one.
+func (ex *exchange) chooseTranslator(rewrite bool) {
+	if !ex.sse || ex.resp.StatusCode >= 300 {
+		ex.body = translateBody{ex}
+		return
+	}
+	if ex.fr.api == apiMessages {
+		ex.st = anthropic.NewStream(ex.ainfo, ex.out.queueEvent)
+	} else {
+		ex.st = responses.NewStream(ex.rinfo, ex.out.queueEvent)
+	}
+	ex.ts = translateSink{st: ex.st, out: &ex.out}
+	if rewrite {
+		st := ex.st
+		rw := getRewriter(ex.u.think, func(b []byte) error { _, err := st.Write(b); return err })
+		rw.SetMaxEventSize(int(ex.h.maxRewrite))
+		ex.rws.rw, ex.ts.rw = rw, rw // rws.rw: returned to the pool by copyResponse
+	}
+	ex.sink = &ex.ts
 }
 
 // copyResponse sends the upstream response body to the client.
@@ -317,14 +368,21 @@ func (ex *exchange) streamFailure(err error) *streamErr {
 	if errors.As(err, &tw) {
 		fired = tw.reason
 	}
-	se := streamVerdict(ex.out.done, errors.As(err, &cw), ex.r.Context().Err() != nil, fired, ex.ctx.Err())
+	done := ex.out.done || ex.st != nil && ex.st.Finished()
+	se := streamVerdict(done, errors.As(err, &cw), ex.r.Context().Err() != nil, fired, ex.ctx.Err())
 	if se == nil || se.code == "" {
 		return se
 	}
 	if c := ex.h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); c != nil {
 		c.Write(zap.String("upstream", ex.u.id), zap.String("reason", se.code), zap.String("error", redactError(err)))
 	}
-	if ex.plainSSE {
+	switch {
+	case ex.st != nil:
+		// The front's own error event (Anthropic's event: error, Responses'
+		// response.failed), then the abort.
+		_ = ex.st.Fail(se.code, streamErrorMessages[se.code])
+		_ = ex.out.writeQueued()
+	case ex.plainSSE:
 		ex.out.writeError(se.code)
 	}
 	return se

@@ -101,11 +101,16 @@ type Handler struct {
 	events     *caddyevents.App // of this handler's config; nil in a bare context
 	generation *generation      // the config's metric series
 
-	upstreams  map[string]*upstream
-	routes     map[string]*route
-	modelList  []string
-	modelsBody []byte
-	created    int64
+	upstreams map[string]*upstream
+	routes    map[string]*route
+	// nativeRoutes[api] are the models' routes restricted to the upstreams
+	// serving api natively, for the fronts that are never translated
+	// (embeddings, completions); a model with none is absent.
+	nativeRoutes    [numAPIs]map[string]*route
+	anthropicModels []byte // GET …/models with anthropic-version, pre-encoded
+	modelList       []string
+	modelsBody      []byte
+	created         int64
 
 	requestTimeout time.Duration
 	retryAfterMax  time.Duration

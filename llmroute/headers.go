@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -22,7 +23,7 @@ var hopHeaders = []string{"Alt-Svc", "Connection", "Proxy-Connection", "Keep-Ali
 // upstreamRequest builds the outgoing request: the allow-listed client
 // headers (see forwardable), the forwarding headers, the provider's key and
 // static headers, and the session header.
-func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, out []byte, body io.ReadCloser) *http.Request {
+func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, dst *url.URL, out []byte, body io.ReadCloser) *http.Request {
 	hdr := make(http.Header, len(r.Header)+4)
 	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
@@ -38,24 +39,21 @@ func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstr
 	}
 	hdr.Set("Content-Type", "application/json")
 	if u.auth != "" {
-		hdr["Authorization"] = []string{u.auth}
+		hdr[u.authHdr] = []string{u.auth}
 	}
 	for _, kv := range u.headers {
 		hdr.Set(kv[0], kv[1])
 	}
-	if u.sessionHdr != "" {
-		hdr.Set(u.sessionHdr, sessions.ID(out))
-	}
 	req := http.Request{
 		Method:        http.MethodPost,
-		URL:           u.target,
+		URL:           dst,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
 		Header:        hdr,
 		Body:          body,
 		ContentLength: int64(len(out)),
-		Host:          u.target.Host,
+		Host:          dst.Host,
 	}
 	return req.WithContext(ctx) // one allocation: req itself stays on the stack
 }
@@ -147,7 +145,7 @@ func listed(conn []string, k string) bool {
 // writeResponseHeader copies the upstream's status and headers, minus
 // hop-by-hop ones, onto what Caddy and earlier handlers already set. Headers
 // the proxy owns (its CORS answer) are not replaced by the upstream's.
-func (h *Handler) writeResponseHeader(w http.ResponseWriter, resp *http.Response, u *upstream, t *target) {
+func (h *Handler) writeResponseHeader(w http.ResponseWriter, resp *http.Response, u *upstream, translated bool) {
 	dst := w.Header()
 	cors := dst["Access-Control-Allow-Origin"] != nil
 	conn := resp.Header["Connection"]
@@ -161,9 +159,12 @@ func (h *Handler) writeResponseHeader(w http.ResponseWriter, resp *http.Response
 		}
 		dst[k] = vv
 	}
-	if u.think != transform.ThinkOff && resp.StatusCode < 300 {
+	if translated || u.think != transform.ThinkOff && resp.StatusCode < 300 {
 		// The body may change length.
 		delete(dst, "Content-Length")
+	}
+	if translated && !isEventStream(resp) {
+		dst.Set("Content-Type", "application/json")
 	}
 	w.WriteHeader(resp.StatusCode)
 }

@@ -18,7 +18,7 @@ import (
 // listed headers, the provider's own headers and the forwarding headers.
 func TestUpstreamRequestHeaders(t *testing.T) {
 	target, _ := url.Parse("http://up.example/v1/chat/completions")
-	u := &upstream{target: target, auth: "Bearer sk-op", forward: []string{"X-Trace-Id"},
+	u := &upstream{target: target, auth: "Bearer sk-op", authHdr: "Authorization", forward: []string{"X-Trace-Id"},
 		headers: [][2]string{{"X-Title", "router"}}}
 	r := httptest.NewRequest(http.MethodPost, "http://proxy.example/v1/chat/completions", nil)
 	r.RemoteAddr = "[fe80::1%eth0]:5555"
@@ -35,7 +35,7 @@ func TestUpstreamRequestHeaders(t *testing.T) {
 	}
 	r.Header.Set("Connection", "keep-alive, Accept-Language")
 	h := &Handler{}
-	got := h.upstreamRequest(context.Background(), r, u, []byte("{}"), http.NoBody).Header
+	got := h.upstreamRequest(context.Background(), r, u, u.target, []byte("{}"), http.NoBody).Header
 	want := http.Header{
 		"Accept": {"text/event-stream"}, "Accept-Encoding": {"gzip"}, "User-Agent": {"sdk/1"},
 		"Openai-Beta": {"x"}, "Anthropic-Version": {"2023-06-01"}, "Anthropic-Beta": {"b"},
@@ -106,7 +106,7 @@ func TestWriteResponseHeader(t *testing.T) {
 		}
 		u := &upstream{}
 		u.think, _ = transform.ParseThinkMode(tc.think)
-		(&Handler{}).writeResponseHeader(w, resp, u, nil)
+		(&Handler{}).writeResponseHeader(w, resp, u, false)
 		h := w.Header()
 		if got := h.Values("Alt-Svc"); !reflect.DeepEqual(got, []string{"h3=\":443\""}) {
 			t.Errorf("%s: Alt-Svc = %q", tc.name, got)

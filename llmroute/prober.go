@@ -144,7 +144,7 @@ func (h *Handler) sendProbe(ctx context.Context, u *upstream) (bool, int) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 	if u.auth != "" {
-		req.Header["Authorization"] = []string{u.auth}
+		req.Header[u.authHdr] = []string{u.auth}
 	}
 	for _, kv := range u.headers {
 		req.Header.Set(kv[0], kv[1])

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
 
 // Defaults of SPEC §1/§3 and the handler options.
@@ -41,9 +42,13 @@ type upstream struct {
 	id, provider, model string
 	idAny, providerAny  any // id and provider boxed once, for placeholders
 
-	url        string   // provider URL + /chat/completions
-	target     *url.URL // url, parsed once
-	auth       string   // "Bearer <key>", or "" for no Authorization header
+	url        string                 // provider URL + /chat/completions
+	target     *url.URL               // url, parsed once
+	auth       string                 // the key header's value ("Bearer <key>" for bearer), or "" for none
+	authHdr    string                 // the key header's canonical name (provider auth)
+	urls       [numEndpoints]*url.URL // provider URL + each endpoint path, parsed once
+	apis       apiSet                 // the APIs served natively
+	keepBill   bool                   // provider keep_billing_header
 	headers    [][2]string
 	forward    []string          // provider forward_headers, canonical
 	transport  http.RoundTripper // the provider's transport module, else the handler's default
@@ -175,12 +180,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.routes[rt.name] = rt
 		h.modelList = append(h.modelList, rt.name)
+		for _, a := range []api{apiEmbeddings, apiCompletions} {
+			if sub := rt.servingNatively(a); sub != nil {
+				if h.nativeRoutes[a] == nil {
+					h.nativeRoutes[a] = make(map[string]*route)
+				}
+				h.nativeRoutes[a][rt.name] = sub
+			}
+		}
 	}
 	if err := h.provisionRequests(); err != nil {
 		return err
 	}
 	h.created = time.Now().Unix()
 	h.modelsBody = modelsListBody(h.modelList, h.created)
+	h.anthropicModels = anthropic.ModelsBody(h.modelList, time.Unix(h.created, 0))
 
 	h.logSummary()
 
@@ -195,7 +209,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // providerConn is how one provider is reached: the resolved key and
 // headers, and the transport.
 type providerConn struct {
-	auth      string // "Bearer <key>", or "" for no Authorization header
+	auth      string // the key header's value, or "" for none
+	authHdr   string // its name
 	headers   [][2]string
 	transport http.RoundTripper
 }
@@ -204,14 +219,18 @@ type providerConn struct {
 // included) and loads its transport module, if it has one.
 func (h *Handler) connectProvider(ctx caddy.Context, p *Provider, repl *caddy.Replacer) (*providerConn, error) {
 	where := fmt.Sprintf("llm_route config: provider %q", p.ID)
-	c := &providerConn{transport: h.transport}
+	ah := authHeaders[p.Auth]
+	c := &providerConn{transport: h.transport, authHdr: ah.name}
 	key := resolveSecret(repl, p.Key)
 	switch {
 	case key != "":
 		if !validHeaderValue(key) {
 			return nil, fmt.Errorf("%s: key contains a line break or another control character", where)
 		}
-		c.auth = "Bearer " + key
+		c.auth = key
+		if ah.bearer {
+			c.auth = "Bearer " + key
+		}
 	case p.Key != "":
 		// `key {env.TYPO}`: most likely a mistake, and the upstream's 401s
 		// would be the first sign of it.
@@ -259,6 +278,8 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		model:       uc.Model,
 		url:         strings.TrimSuffix(p.URL, "/") + "/chat/completions",
 		auth:        conn.auth,
+		authHdr:     conn.authHdr,
+		keepBill:    p.KeepBillingHeader,
 		headers:     conn.headers,
 		transport:   conn.transport,
 		sessionHdr:  http.CanonicalHeaderKey(p.SessionHeader),
@@ -270,6 +291,19 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		return nil, fmt.Errorf("%s: url: %q is not a valid URL", where, redactURL(u.url))
 	}
 	u.target = target
+	base := strings.TrimSuffix(p.URL, "/")
+	for ep, path := range endpointPaths {
+		if u.urls[ep], err = url.Parse(base + path); err != nil {
+			return nil, fmt.Errorf("%s: url: %q is not a valid URL", where, redactURL(base+path))
+		}
+	}
+	apis := uc.APIs
+	if len(apis) == 0 {
+		apis = p.APIs
+	}
+	if u.apis, err = parseAPIs(apis); err != nil {
+		return nil, fmt.Errorf("%s: apis: %v", where, err)
+	}
 
 	u.limit = unlimited
 	switch {

@@ -33,23 +33,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if (h.corsAny || len(h.corsOrigins) > 0) && h.cors(w, r) {
 		return nil
 	}
-	if f == frontUnsupported || f >= frontMessages {
+	if f == frontUnsupported {
 		errUnsupported.write(w)
 		return nil
 	}
 	if !methodAllowed(allow, r.Method) {
 		w.Header().Set("Allow", allow)
-		errMethod(allow).write(w)
+		errMethod(allow).writeAs(w, f)
 		return nil
 	}
 	switch f {
-	case frontChat:
-		return h.serveChat(w, r)
 	case frontModels:
+		if r.Header.Get("Anthropic-Version") != "" {
+			writeJSON(w, http.StatusOK, h.anthropicModels)
+			return nil
+		}
 		return h.serveModels(w)
-	default:
+	case frontModel:
 		return h.serveModel(w, id)
+	case frontCountTokens:
+		return h.serveCountTokens(w, r)
 	}
+	return h.serveFront(w, r, f)
 }
 
 // methodAllowed reports whether method is in the comma-separated allow.
@@ -64,38 +69,51 @@ func methodAllowed(allow, method string) bool {
 	return false
 }
 
-// serveChat is the request path: read → parse → admit → attempt (failing
-// over to the next upstream while nothing has reached the client) → respond.
-func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
+// serveFront is the request path of every generation front (chat,
+// messages, responses, embeddings, completions): read → parse → admit →
+// attempt (failing over to the next upstream while nothing has reached the
+// client) → respond. Only the attempt knows the front's wire format.
+func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) error {
 	bodyBuf := getBuffer()
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
 	if apiErr != nil {
-		apiErr.write(w)
+		apiErr.writeAs(w, f)
 		return nil
 	}
 	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys)
 	if err != nil {
 		switch {
 		case errors.Is(err, transform.ErrNoModel):
-			errNoModel.write(w)
+			errNoModel.writeAs(w, f)
 		case errors.Is(err, transform.ErrDuplicateKey):
-			errDuplicateKey.write(w)
+			errDuplicateKey.writeAs(w, f)
 		default:
-			errBadJSON.write(w)
+			errBadJSON.writeAs(w, f)
 		}
 		return nil
 	}
+	fr := frontReq{f: f, api: frontAPI(f), stream: stream}
 	rt := h.routes[model]
 	if rt == nil {
-		errUnknownModel(model).write(w)
+		errUnknownModel(model).writeAs(w, f)
 		return nil
+	}
+	if fr.api == apiEmbeddings || fr.api == apiCompletions {
+		// Never translated: only the upstreams serving the API take part.
+		if rt = h.nativeRoutes[fr.api][model]; rt == nil {
+			errNoAPI(model, fr.api).writeAs(w, f)
+			return nil
+		}
 	}
 	if dups&rt.dupKeys != 0 {
 		// A key this model's patches write appears twice: the upstream might
 		// read the client's copy instead of the patched one.
-		errDuplicateKey.write(w)
+		errDuplicateKey.writeAs(w, f)
 		return nil
+	}
+	if fr.api != apiChat {
+		fr.session = clientSession(r)
 	}
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
@@ -107,7 +125,7 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 		if apiErr == errClientGone {
 			return caddyhttp.Error(499, errClientClosed)
 		}
-		apiErr.write(w)
+		apiErr.writeAs(w, f)
 		return nil
 	}
 	var failures []attemptRecord
@@ -119,7 +137,7 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 			repl.Set("http.llm_route.provider", t.up.providerAny)
 			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
 		}
-		res := h.attempt(w, r, rt, t, body, stream)
+		res := h.attempt(w, r, rt, t, body, &fr)
 		if res.out != outFailover {
 			if res.result == resultCancelled && res.status == 0 {
 				// The client left before any answer: nothing was written,
@@ -134,7 +152,7 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
 				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
 			}
-			h.allFailed(rt, failures).write(w)
+			h.allFailed(rt, failures).writeAs(w, f)
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {

@@ -1,0 +1,97 @@
+package llmroute
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// api is a wire API an upstream may serve natively (SPEC §13).
+type api uint8
+
+const (
+	apiChat api = iota
+	apiMessages
+	apiResponses
+	apiEmbeddings
+	apiCompletions
+	numAPIs
+)
+
+// apiNames are the config words (and the `api` log field) of each api.
+var apiNames = [numAPIs]string{"chat", "messages", "responses", "embeddings", "completions"}
+
+func (a api) String() string { return apiNames[a] }
+
+// apiSet is a set of apis, one bit each.
+type apiSet uint8
+
+func (s apiSet) has(a api) bool { return s&(1<<a) != 0 }
+
+// parseAPIs reads an apis list; empty is the default ["chat"].
+func parseAPIs(list []string) (apiSet, error) {
+	if len(list) == 0 {
+		return 1 << apiChat, nil
+	}
+	var s apiSet
+	for _, w := range list {
+		found := false
+		for a, name := range apiNames {
+			if w == name {
+				s |= 1 << api(a)
+				found = true
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("%q is not one of chat, messages, responses, embeddings, completions", w)
+		}
+	}
+	return s, nil
+}
+
+// upstream endpoints, one URL per path, precomputed at provision.
+type endpoint uint8
+
+const (
+	epChat endpoint = iota
+	epMessages
+	epCountTokens
+	epResponses
+	epEmbeddings
+	epCompletions
+	numEndpoints
+)
+
+// endpointPaths are appended to the provider URL.
+var endpointPaths = [numEndpoints]string{"/chat/completions", "/messages", "/messages/count_tokens", "/responses", "/embeddings", "/completions"}
+
+// nativeEndpoint is where a request of api goes on a native upstream.
+var nativeEndpoint = [numAPIs]endpoint{epChat, epMessages, epResponses, epEmbeddings, epCompletions}
+
+// authHeaders maps a provider's auth to the header its key goes in, and
+// whether the value is "Bearer <key>".
+var authHeaders = map[string]struct {
+	name   string
+	bearer bool
+}{
+	"":          {"Authorization", true},
+	"bearer":    {"Authorization", true},
+	"x-api-key": {http.CanonicalHeaderKey("x-api-key"), false},
+	"api-key":   {http.CanonicalHeaderKey("api-key"), false},
+}
+
+// servingNatively is rt restricted to the targets whose upstream serves a
+// natively, nil when none does. The targets are copies sharing the
+// upstreams (slots, backoff) and the metric counters.
+func (rt *route) servingNatively(a api) *route {
+	sub := *rt
+	sub.targets = nil
+	for _, t := range rt.targets {
+		if t.up.apis.has(a) {
+			sub.targets = append(sub.targets, t)
+		}
+	}
+	if len(sub.targets) == 0 {
+		return nil
+	}
+	return &sub
+}

@@ -1,0 +1,102 @@
+package llmroute
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
+)
+
+// serveCountTokens answers POST …/messages/count_tokens (SPEC §13). It takes
+// no generation slot and never goes to an upstream without native Messages
+// (a paid chat fallback would be sent the whole prompt for nothing): the
+// first non-cooling native one answers, passed through; when there is none,
+// or it fails, the proxy estimates, saying so in X-LLM-Route-Estimate.
+func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request) error {
+	bodyBuf := getBuffer()
+	defer putBuffer(bodyBuf)
+	body, apiErr := readBody(r, h.maxBody, bodyBuf)
+	if apiErr != nil {
+		apiErr.writeAs(w, frontCountTokens)
+		return nil
+	}
+	model, _, err := transform.ParseRequest(body)
+	if err != nil {
+		e := errBadJSON
+		if errors.Is(err, transform.ErrNoModel) {
+			e = errNoModel
+		}
+		e.writeAs(w, frontCountTokens)
+		return nil
+	}
+	rt := h.routes[model]
+	if rt == nil {
+		errUnknownModel(model).writeAs(w, frontCountTokens)
+		return nil
+	}
+	now := time.Now()
+	for i := range rt.targets {
+		t := &rt.targets[i]
+		if !t.up.apis.has(apiMessages) || t.up.cooling(now) > 0 {
+			continue
+		}
+		if h.countUpstream(w, r, t, body) {
+			return nil
+		}
+		break // the first native one failed: estimate rather than wait on the next
+	}
+	w.Header().Set("X-LLM-Route-Estimate", "true")
+	writeJSON(w, http.StatusOK, anthropic.CountTokensBody(anthropic.CountTokensEstimate(body)))
+	return nil
+}
+
+// countUpstream asks t's upstream to count; it reports whether an answer
+// (any status but a failover one) reached the client.
+func (h *Handler) countUpstream(w http.ResponseWriter, r *http.Request, t *target, body []byte) bool {
+	u := t.up
+	src := body
+	if !u.keepBill {
+		src = anthropic.StripBillingBlock(make([]byte, 0, len(body)), body)
+	}
+	// Only the model is swapped: generation patches (max_tokens, sampling)
+	// are not count_tokens parameters.
+	out, err := transform.RewriteRequest(make([]byte, 0, len(src)+64), src, &transform.RequestEdit{Model: u.model})
+	if err != nil {
+		return false
+	}
+	ctx, cancel := h.attemptContext(r.Context())
+	defer cancel()
+	resp, err := u.transport.RoundTrip(h.upstreamRequest(ctx, r, u, u.urls[epCountTokens], out, io.NopCloser(bytes.NewReader(out))))
+	if err != nil {
+		if c := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); c != nil {
+			c.Write(zap.String("upstream", u.id), zap.String("error", redactError(err)))
+		}
+		return false
+	}
+	defer resp.Body.Close()
+	if failoverStatus(resp.StatusCode) || resp.StatusCode == http.StatusNotFound {
+		// 404: a server that serves messages but not count_tokens.
+		if c := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); c != nil {
+			c.Write(zap.String("upstream", u.id), zap.Int("status", resp.StatusCode))
+		}
+		return false
+	}
+	answer := getBuffer()
+	defer putBuffer(answer)
+	if _, err := answer.ReadFrom(io.LimitReader(resp.Body, 1<<20)); err != nil {
+		return false
+	}
+	hdr := w.Header()
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		hdr.Set("Content-Type", ct)
+	}
+	writeJSON(w, resp.StatusCode, answer.Bytes())
+	return true
+}
