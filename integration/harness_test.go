@@ -464,8 +464,9 @@ func (p *proxy) logEntries(msg string) []map[string]any {
 }
 
 // expectAPIError checks that resp is the proxy's own error: status,
-// Content-Type application/json, exactly {"error":{"message","type","code"}}
-// with string values, and the code. It returns the message.
+// Content-Type application/json, exactly
+// {"error":{"message","type","param":null,"code"}} with string values
+// (param null, like OpenAI's), and the code. It returns the message.
 func expectAPIError(t testing.TB, resp *http.Response, status int, code string) string {
 	t.Helper()
 	body := readAll(t, resp)
@@ -479,8 +480,8 @@ func expectAPIError(t testing.TB, resp *http.Response, status int, code string) 
 	if err := json.Unmarshal([]byte(body), &raw); err != nil {
 		t.Fatalf("error body is not the OpenAI shape: %v: %s", err, body)
 	}
-	if len(raw) != 1 || len(raw["error"]) != 3 {
-		t.Fatalf("error body has other fields than error.{message,type,code}: %s", body)
+	if p, ok := raw["error"]["param"]; len(raw) != 1 || len(raw["error"]) != 4 || !ok || p != nil {
+		t.Fatalf("error body is not exactly error.{message,type,param:null,code}: %s", body)
 	}
 	for _, k := range []string{"message", "type", "code"} {
 		if s, ok := raw["error"][k].(string); !ok || s == "" {

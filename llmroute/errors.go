@@ -7,7 +7,7 @@ import (
 )
 
 // apiError is an error the proxy answers itself, in the OpenAI error shape
-// (`{"error":{"message","type","code"}}`). Messages are fixed texts written
+// (`{"error":{"message","type","param","code"}}`). Messages are fixed texts written
 // here: never a transport error string, never a key.
 type apiError struct {
 	status     int
@@ -67,7 +67,8 @@ func (e apiError) write(w http.ResponseWriter) {
 	body = appendJSONString(body, e.message)
 	body = append(body, `,"type":`...)
 	body = appendJSONString(body, e.typ)
-	body = append(body, `,"code":`...)
+	// OpenAI's error objects always carry param; SDKs may read it.
+	body = append(body, `,"param":null,"code":`...)
 	body = appendJSONString(body, e.code)
 	body = append(body, "}}\n"...)
 	hdr := w.Header()

@@ -91,6 +91,11 @@ type Handler struct {
 	// request_timeout bounds time blocked on the client as well.
 	// Default 30s; 0 disables (request_timeout still applies).
 	ClientWriteTimeout *Duration `json:"client_write_timeout,omitempty"`
+	// RouteHeaders adds `X-LLM-Route-Upstream` (the upstream id that
+	// answered) and `X-LLM-Route-Attempts` to routed answers, and
+	// `X-LLM-Route-Skipped` (why each upstream was passed over) to the
+	// proxy's own 503s. Default true; false removes them.
+	RouteHeaders *bool `json:"route_headers,omitempty"`
 
 	ctx       caddy.Context
 	logger    *zap.Logger
@@ -118,6 +123,7 @@ type Handler struct {
 	clientWrite    time.Duration
 	maxBody        int64
 	maxRewrite     int64
+	routeHeaders   bool
 
 	corsAny     bool     // cors lists "*"
 	corsOrigins []string // the other listed origins

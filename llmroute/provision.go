@@ -40,7 +40,8 @@ const (
 // state adopted from the pools.
 type upstream struct {
 	id, provider, model string
-	idAny, providerAny  any // id and provider boxed once, for placeholders
+	idAny, providerAny  any      // id and provider boxed once, for placeholders
+	idHeader            []string // id as a header value, shared (never mutated)
 
 	url        string                 // provider URL + /chat/completions
 	target     *url.URL               // url, parsed once
@@ -122,6 +123,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.retryAfterMax = durationOr(defaultRetryAfterMax, h.RetryAfterMax)
 	h.heartbeat = durationOr(defaultHeartbeat, h.HeartbeatInterval)
 	h.clientWrite = durationOr(defaultClientWrite, h.ClientWriteTimeout)
+	h.routeHeaders = h.RouteHeaders == nil || *h.RouteHeaders
 
 	providers := make(map[string]*Provider, len(h.Providers))
 	for i := range h.Providers {
@@ -273,6 +275,7 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	u := &upstream{
 		id:          uc.ID,
 		idAny:       uc.ID,
+		idHeader:    []string{uc.ID},
 		provider:    p.ID,
 		providerAny: p.ID,
 		model:       uc.Model,

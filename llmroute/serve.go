@@ -30,6 +30,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if f == frontNone {
 		return next.ServeHTTP(w, r)
 	}
+	setRequestID(w, r)
 	if (h.corsAny || len(h.corsOrigins) > 0) && h.cors(w, r) {
 		return nil
 	}
@@ -125,6 +126,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		if apiErr == errClientGone {
 			return caddyhttp.Error(499, errClientClosed)
 		}
+		if apiErr.status == http.StatusServiceUnavailable {
+			h.setSkipped(w, rt, nil, time.Now())
+		}
 		apiErr.writeAs(w, f)
 		return nil
 	}
@@ -137,6 +141,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 			repl.Set("http.llm_route.provider", t.up.providerAny)
 			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
 		}
+		h.setRouteHeaders(w, t, len(failures)+1)
 		res := h.attempt(w, r, rt, t, body, &fr)
 		if res.out != outFailover {
 			if res.result == resultCancelled && res.status == 0 {
@@ -152,7 +157,14 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
 				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
 			}
-			h.allFailed(rt, failures).writeAs(w, f)
+			e := h.allFailed(rt, failures)
+			if e.status == http.StatusServiceUnavailable {
+				h.setSkipped(w, rt, failures, time.Now())
+			} else {
+				// No upstream answered this one either.
+				w.Header().Del(hdrRouteUpstream)
+			}
+			e.writeAs(w, f)
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {

@@ -1,0 +1,128 @@
+package llmroute
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Response headers the proxy adds (SPEC §14, route_headers).
+const (
+	hdrRouteUpstream = "X-Llm-Route-Upstream"
+	hdrRouteAttempts = "X-Llm-Route-Attempts"
+	hdrRouteSkipped  = "X-Llm-Route-Skipped"
+	hdrRequestID     = "X-Request-Id"
+)
+
+// maxClientRequestID bounds an x-request-id taken from the client: a longer
+// or non-printable one is replaced, so a client cannot make the proxy echo
+// arbitrary bytes into its answers.
+const maxClientRequestID = 128
+
+// setRequestID puts an x-request-id on the answer before anything is
+// written: the client's own if it sent a sane one, else a new random one. An
+// upstream that sends its own x-request-id replaces it (headers.go copies
+// upstream headers over these), so only proxy-made answers are sure to carry
+// the proxy's.
+func setRequestID(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get(hdrRequestID)
+	if !saneRequestID(id) {
+		id = newRequestID()
+	}
+	w.Header().Set(hdrRequestID, id)
+}
+
+func saneRequestID(id string) bool {
+	if id == "" || len(id) > maxClientRequestID {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// newRequestID returns 16 random bytes in hex, prefixed like the proxy's
+// other identifiers so a log reader can tell who made it.
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return "llmr-" + hex.EncodeToString(b[:])
+}
+
+// setRouteHeaders names the upstream about to answer and the attempt count;
+// set before each attempt, so a failover overwrites them.
+func (h *Handler) setRouteHeaders(w http.ResponseWriter, t *target, attempts int) {
+	if !h.routeHeaders {
+		return
+	}
+	hdr := w.Header()
+	hdr[hdrRouteUpstream] = t.up.idHeader
+	hdr.Set(hdrRouteAttempts, strconv.Itoa(attempts))
+}
+
+// setSkipped prepares a proxy-made 503: no upstream answered, so the
+// upstream header goes, and X-LLM-Route-Skipped says why each upstream of
+// the model was passed over, in order, e.g. `gpu=busy 1/1, cloud=cooling 4s`.
+// failures are the attempts this request made (they are named by their
+// result, which says more than the cooling they may have started).
+func (h *Handler) setSkipped(w http.ResponseWriter, rt *route, failures []attemptRecord, now time.Time) {
+	if !h.routeHeaders {
+		return
+	}
+	hdr := w.Header()
+	delete(hdr, hdrRouteUpstream)
+	if len(failures) == 0 {
+		delete(hdr, hdrRouteAttempts)
+	}
+	hdr.Set(hdrRouteSkipped, skippedReasons(rt, failures, now))
+}
+
+// skippedReasons renders the reason each target of rt was not used.
+func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
+	var b strings.Builder
+	for i, t := range rt.targets {
+		u := t.up
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(u.id)
+		b.WriteByte('=')
+		if f, ok := failureOf(failures, u.id); ok {
+			b.WriteString("failed ")
+			b.WriteString(f.result)
+			if f.status != 0 {
+				b.WriteByte(' ')
+				b.WriteString(strconv.Itoa(f.status))
+			}
+			continue
+		}
+		if left := u.cooling(now); left > 0 {
+			b.WriteString("cooling ")
+			b.WriteString(strconv.Itoa(int((left + time.Second - 1) / time.Second)))
+			b.WriteByte('s')
+			continue
+		}
+		b.WriteString("busy ")
+		b.WriteString(strconv.FormatInt(u.state.inflight.Load(), 10))
+		if u.limit != unlimited {
+			b.WriteByte('/')
+			b.WriteString(strconv.FormatInt(u.limit, 10))
+		}
+	}
+	return b.String()
+}
+
+func failureOf(failures []attemptRecord, id string) (attemptRecord, bool) {
+	for i := len(failures) - 1; i >= 0; i-- {
+		if failures[i].upstream == id {
+			return failures[i], true
+		}
+	}
+	return attemptRecord{}, false
+}
