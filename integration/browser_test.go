@@ -91,6 +91,10 @@ func TestStatusPageInHeadlessChromium(t *testing.T) {
 	defer cancelAlloc()
 	ctx, cancel := chromedp.NewContext(alloc)
 	defer cancel()
+	// A browser that hangs must not hang the suite: the whole test gets
+	// three minutes, then the browser is killed and every step fails.
+	watchdog := time.AfterFunc(3*time.Minute, cancel)
+	defer watchdog.Stop()
 	// The browser lives as long as ctx; the deadline goes on the actions.
 	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("starting %s: %v", browser, err)
