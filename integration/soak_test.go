@@ -928,7 +928,7 @@ func soakClassify(resp *http.Response, body string, rerr error, id int64) (class
 		var e struct {
 			Error map[string]any `json:"error"`
 		}
-		if rerr != nil || json.Unmarshal([]byte(body), &e) != nil || len(e.Error) != 3 || resp.Header.Get("Content-Type") != "application/json" {
+		if rerr != nil || json.Unmarshal([]byte(body), &e) != nil || len(e.Error) != 4 || !hasNullParam(e.Error) || resp.Header.Get("Content-Type") != "application/json" {
 			return "bad", fmt.Sprintf("503 that is not an OpenAI-shaped error: err %v body %q", rerr, body)
 		}
 		code, _ := e.Error["code"].(string)
@@ -1076,4 +1076,10 @@ func soakCheckThink(rest, up string, id int64, complete bool) error {
 		return fmt.Errorf("broken split stream: content %q reasoning %q are not prefixes of %q / %q", content.String(), reasoning.String(), wantC, wantR)
 	}
 	return nil
+}
+
+// hasNullParam reports an OpenAI error object with "param": null.
+func hasNullParam(e map[string]any) bool {
+	v, ok := e["param"]
+	return ok && v == nil
 }
