@@ -6,9 +6,10 @@
 //
 // # Working on raw bytes
 //
-// Bodies are never unmarshalled and re-marshalled. A small scanner (json.go)
-// walks the bytes, records the spans that matter and copies everything else
-// verbatim, so unrelated bytes, key order, white space, escapes and number
+// Bodies are never unmarshalled and re-marshalled. A small scanner
+// (llmroute/internal/jsonscan, shared with the wire translators) walks the
+// bytes, records the spans that matter and copies everything else verbatim,
+// so unrelated bytes, key order, white space, escapes and number
 // formatting survive exactly. Results are appended to caller-provided dst
 // slices, and the hot paths (stream chunks that need no change, request
 // rewrites) do not allocate.
@@ -21,7 +22,6 @@
 //
 // # Files
 //
-//	json.go       scanner, string decoding/encoding
 //	patch.go      Patch: compile, compose (Then), apply
 //	request.go    ParseRequest, RequestEdit, RewriteRequest
 //	reasoning.go  reasoning_field backfill (SPEC §7)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Fuzz targets. Each has seeds in code and a corpus under testdata/fuzz/<Name>.
@@ -248,7 +250,7 @@ func FuzzPatch(f *testing.F) {
 	f.Add([]byte(" {\n \"a\" : { } , \"a\":[] }\n"), []byte(`{"a":{"k":true}}`), []byte(`{"b":-1.5e3}`))
 	f.Add([]byte(`{}`), []byte(`{"p":{"q":{}}}`), []byte(`{"p":{"q":{"r":"\u00e9"}}}`))
 	f.Fuzz(func(t *testing.T, body, p1raw, p2raw []byte) {
-		if got, want := validJSON(body), json.Valid(body); got != want {
+		if got, want := jsonscan.Valid(body), json.Valid(body); got != want {
 			t.Fatalf("validJSON(%q) = %v, json.Valid = %v", body, got, want)
 		}
 		p1, err1 := CompilePatch(p1raw)
@@ -256,8 +258,8 @@ func FuzzPatch(f *testing.F) {
 		if err1 != nil || err2 != nil {
 			return
 		}
-		i := skipWS(body, 0)
-		if !validJSON(body) || i >= len(body) || body[i] != '{' {
+		i := jsonscan.SkipWS(body, 0)
+		if !jsonscan.Valid(body) || i >= len(body) || body[i] != '{' {
 			return
 		}
 		step, err := p1.Apply(nil, body)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Patch is a compiled deep-merge patch (SPEC §4): for every key of the patch
@@ -46,7 +48,7 @@ func CompilePatch(raw []byte) (*Patch, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
-	if !validJSON(raw) {
+	if !jsonscan.Valid(raw) {
 		return nil, fmt.Errorf("patch is not valid JSON")
 	}
 	if raw[0] != '{' {
@@ -64,16 +66,16 @@ func CompilePatch(raw []byte) (*Patch, error) {
 
 func compileObject(b []byte, start int) (*Patch, error) {
 	p := &Patch{}
-	it := iterObject(b, start, false)
-	var m member
-	for it.next(&m) {
-		key := string(appendUnescape(nil, b[m.ks:m.ke]))
+	it := jsonscan.IterObject(b, start, false)
+	var m jsonscan.Member
+	for it.Next(&m) {
+		key := string(jsonscan.AppendUnescape(nil, b[m.Ks:m.Ke]))
 		// Keep the key as the patch wrote it: re-encoding could change it
 		// (invalid UTF-8 becomes U+FFFD) so that a later patch no longer
 		// matches the key an earlier one appended.
-		op := patchOp{key: key, rawKey: bytes.Clone(b[m.ks-1 : m.ke+1])}
-		if b[m.vs] == '{' {
-			sub, err := compileObject(b, m.vs)
+		op := patchOp{key: key, rawKey: bytes.Clone(b[m.Ks-1 : m.Ke+1])}
+		if b[m.Vs] == '{' {
+			sub, err := compileObject(b, m.Vs)
 			if err != nil {
 				return nil, err
 			}
@@ -81,7 +83,7 @@ func compileObject(b []byte, start int) (*Patch, error) {
 			op.mat = sub.materialize()
 		} else {
 			var buf bytes.Buffer
-			if err := json.Compact(&buf, b[m.vs:m.ve]); err != nil {
+			if err := json.Compact(&buf, b[m.Vs:m.Ve]); err != nil {
 				return nil, err
 			}
 			op.set = buf.Bytes()
@@ -92,7 +94,7 @@ func compileObject(b []byte, start int) (*Patch, error) {
 			p.ops = append(p.ops, op)
 		}
 	}
-	if !it.ok {
+	if !it.OK() {
 		return nil, errors.New("patch is not valid JSON")
 	}
 	return p, nil
@@ -183,7 +185,7 @@ func (p *Patch) Then(q *Patch) *Patch {
 // be a JSON object (optionally surrounded by whitespace, which is kept); it is
 // assumed valid (see ParseRequest) and only its structure is followed.
 func (p *Patch) Apply(dst, body []byte) ([]byte, error) {
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return dst, ErrBadJSON
 	}
@@ -236,33 +238,33 @@ func (p *Patch) applyObject(dst, b []byte, start int, h *topHooks) ([]byte, int,
 	for i := range slots {
 		slots[i] = edit{vs: -1}
 	}
-	it := iterObject(b, start, false)
-	var m member
+	it := jsonscan.IterObject(b, start, false)
+	var m jsonscan.Member
 	lastEnd := start + 1 // where new members are inserted
 	empty := true
 	var tmp [64]byte
-	for it.next(&m) {
+	for it.Next(&m) {
 		empty = false
-		lastEnd = m.ve
-		key := b[m.ks:m.ke]
-		if m.kesc {
-			key = appendUnescape(tmp[:0], key)
+		lastEnd = m.Ve
+		key := b[m.Ks:m.Ke]
+		if m.Kesc {
+			key = jsonscan.AppendUnescape(tmp[:0], key)
 		}
 		for i := range ops {
 			if string(key) == ops[i].key {
-				slots[i] = edit{vs: m.vs, ve: m.ve, op: i}
+				slots[i] = edit{vs: m.Vs, ve: m.Ve, op: i}
 				break
 			}
 		}
 		if h != nil {
 			if h.model != nil && string(key) == "model" {
-				slots[len(ops)] = edit{vs: m.vs, ve: m.ve, op: editModel}
+				slots[len(ops)] = edit{vs: m.Vs, ve: m.Ve, op: editModel}
 			} else if h.backfill != nil && string(key) == "messages" {
-				slots[len(ops)+1] = edit{vs: m.vs, ve: m.ve, op: editMessages}
+				slots[len(ops)+1] = edit{vs: m.Vs, ve: m.Ve, op: editMessages}
 			}
 		}
 	}
-	if !it.ok {
+	if !it.OK() {
 		return dst, 0, ErrBadJSON
 	}
 	// Order the edits by position (insertion sort: there are only a few). The
@@ -329,5 +331,5 @@ func (p *Patch) applyObject(dst, b []byte, start int, h *topHooks) ([]byte, int,
 		dst = append(dst, `"model":`...)
 		dst = append(dst, h.model...)
 	}
-	return append(dst, b[lastEnd:it.close+1]...), it.close + 1, nil
+	return append(dst, b[lastEnd:it.Pos()]...), it.Pos(), nil
 }

@@ -1,5 +1,7 @@
 package transform
 
+import "github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
+
 // Reasoning backfill (SPEC §7). Some gateways in thinking mode reject a history
 // whose assistant messages lack their native reasoning field, while clients
 // keep reasoning in their own shapes ("reasoning" string, "reasoning_details"
@@ -28,11 +30,11 @@ func backfillMessages(dst, msgs []byte, e *RequestEdit) []byte {
 	}
 	// The field name as a JSON key, usually on the stack.
 	var kbuf [64]byte
-	fieldKey := appendQuotedString(kbuf[:0], e.ReasoningField)
+	fieldKey := jsonscan.AppendQuoted(kbuf[:0], e.ReasoningField)
 	// Walk the elements by hand so each message object is scanned once: the
 	// object walk in backfillOne also finds its end.
 	cur := 0
-	i := skipWS(msgs, 1)
+	i := jsonscan.SkipWS(msgs, 1)
 	if i < len(msgs) && msgs[i] == ']' {
 		return append(dst, msgs...)
 	}
@@ -42,18 +44,18 @@ func backfillMessages(dst, msgs []byte, e *RequestEdit) []byte {
 			dst, cur, end = backfillOne(dst, msgs, i, cur, e, fieldKey)
 		} else {
 			var ok bool
-			if end, ok = skipValue(msgs, i, false, 1); !ok {
+			if end, ok = jsonscan.SkipValue(msgs, i, false, 1); !ok {
 				end = 0
 			}
 		}
 		if end <= 0 {
 			break // malformed: copy the rest as is
 		}
-		i = skipWS(msgs, end)
+		i = jsonscan.SkipWS(msgs, end)
 		if i >= len(msgs) || msgs[i] != ',' {
 			break
 		}
-		i = skipWS(msgs, i+1)
+		i = jsonscan.SkipWS(msgs, i+1)
 	}
 	return append(dst, msgs[cur:]...)
 }
@@ -63,17 +65,17 @@ func backfillMessages(dst, msgs []byte, e *RequestEdit) []byte {
 // when the message needs nothing) and the index past the object (0 when it is
 // malformed).
 func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte) ([]byte, int, int) {
-	it := iterObject(msgs, vs, false)
-	var m member
-	var role, field, reasoning, details member
-	role.vs, field.vs, reasoning.vs, details.vs = -1, -1, -1, -1
+	it := jsonscan.IterObject(msgs, vs, false)
+	var m jsonscan.Member
+	var role, field, reasoning, details jsonscan.Member
+	role.Vs, field.Vs, reasoning.Vs, details.Vs = -1, -1, -1, -1
 	lastEnd := vs + 1
 	var tmp [64]byte
-	for it.next(&m) {
-		lastEnd = m.ve
-		key := msgs[m.ks:m.ke]
-		if m.kesc {
-			key = appendUnescape(tmp[:0], key)
+	for it.Next(&m) {
+		lastEnd = m.Ve
+		key := msgs[m.Ks:m.Ke]
+		if m.Kesc {
+			key = jsonscan.AppendUnescape(tmp[:0], key)
 		}
 		switch string(key) {
 		case "role":
@@ -87,26 +89,26 @@ func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte)
 			field = m
 		}
 	}
-	if !it.ok {
+	if !it.OK() {
 		return dst, cur, 0
 	}
-	end := it.i
-	if role.vs < 0 {
+	end := it.Pos()
+	if role.Vs < 0 {
 		return dst, cur, end
 	}
-	if rv := msgs[role.vs:role.ve]; !strIs(rv, true, "assistant") {
+	if rv := msgs[role.Vs:role.Ve]; !jsonscan.StrIs(rv, true, "assistant") {
 		return dst, cur, end
 	}
 	// Present and non-empty: nothing to do. `""` is the only empty string.
-	if field.vs >= 0 && msgs[field.vs] == '"' && field.ve-field.vs > 2 {
+	if field.Vs >= 0 && msgs[field.Vs] == '"' && field.Ve-field.Vs > 2 {
 		return dst, cur, end
 	}
 	// Where the text comes from: "reasoning" or the joined details.
-	useReasoning := reasoning.vs >= 0 && reasoning.vs != field.vs &&
-		msgs[reasoning.vs] == '"' && reasoning.ve-reasoning.vs > 2
+	useReasoning := reasoning.Vs >= 0 && reasoning.Vs != field.Vs &&
+		msgs[reasoning.Vs] == '"' && reasoning.Ve-reasoning.Vs > 2
 	var detailsRaw []byte
-	if !useReasoning && details.vs >= 0 && details.vs != field.vs {
-		detailsRaw = msgs[details.vs:details.ve]
+	if !useReasoning && details.Vs >= 0 && details.Vs != field.Vs {
+		detailsRaw = msgs[details.Vs:details.Ve]
 	}
 	if !useReasoning && detailsRaw == nil && !e.ReasoningEmptyOK {
 		return dst, cur, end
@@ -115,9 +117,9 @@ func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte)
 	// one walk over reasoning_details instead of a counting pass first.
 	mark := len(dst)
 	next := lastEnd
-	if field.vs >= 0 {
-		dst = append(dst, msgs[cur:field.vs]...)
-		next = field.ve
+	if field.Vs >= 0 {
+		dst = append(dst, msgs[cur:field.Vs]...)
+		next = field.Ve
 	} else {
 		dst = append(dst, msgs[cur:lastEnd]...)
 		if lastEnd > vs+1 {
@@ -127,7 +129,7 @@ func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte)
 		dst = append(dst, ':')
 	}
 	if useReasoning {
-		return append(dst, msgs[reasoning.vs:reasoning.ve]...), next, end
+		return append(dst, msgs[reasoning.Vs:reasoning.Ve]...), next, end
 	}
 	dst = append(dst, '"')
 	v0 := len(dst)
@@ -135,7 +137,7 @@ func backfillOne(dst, msgs []byte, vs, cur int, e *RequestEdit, fieldKey []byte)
 		dst = appendDetails(dst, detailsRaw)
 	}
 	if len(dst) == v0 { // no text ("\n" joins are never empty)
-		if !e.ReasoningEmptyOK || (field.vs >= 0 && msgs[field.vs] == '"') {
+		if !e.ReasoningEmptyOK || (field.Vs >= 0 && msgs[field.Vs] == '"') {
 			return dst[:mark], cur, end // nothing, or already ""
 		}
 	}
@@ -162,25 +164,25 @@ func walkDetails(arr []byte, f func(interior []byte)) {
 	if len(arr) == 0 || arr[0] != '[' {
 		return
 	}
-	it := iterArray(arr, 0, false)
+	it := jsonscan.IterArray(arr, 0, false)
 	for {
-		vs, _, more := it.next()
+		vs, _, more := it.Next()
 		if !more {
 			return
 		}
 		if arr[vs] != '{' {
 			continue
 		}
-		typ, text, ok := twoMembers(arr, vs, "type", "text")
-		if !ok || text.vs < 0 || arr[text.vs] != '"' {
+		typ, text, ok := jsonscan.TwoMembers(arr, vs, "type", "text")
+		if !ok || text.Vs < 0 || arr[text.Vs] != '"' {
 			continue
 		}
-		if typ.vs >= 0 {
-			tv := arr[typ.vs:typ.ve]
-			if string(tv) != "null" && !strIs(tv, true, "reasoning.text") {
+		if typ.Vs >= 0 {
+			tv := arr[typ.Vs:typ.Ve]
+			if string(tv) != "null" && !jsonscan.StrIs(tv, true, "reasoning.text") {
 				continue
 			}
 		}
-		f(arr[text.vs+1 : text.ve-1])
+		f(arr[text.Vs+1 : text.Ve-1])
 	}
 }

@@ -3,6 +3,8 @@ package transform
 import (
 	"bytes"
 	"errors"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Errors returned by ParseRequest. The handler maps them to 400 responses.
@@ -34,31 +36,31 @@ func ParseRequest(body []byte) (model string, stream bool, err error) {
 // once (watch entries from index 63 on share bit 63). The caller decides
 // which of them matter (the keys the chosen route's patches write).
 func ParseRequestKeys(body []byte, watch []string) (model string, stream bool, dups uint64, err error) {
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return "", false, 0, ErrBadJSON
 	}
-	it := iterObject(body, i, true)
-	var m member
+	it := jsonscan.IterObject(body, i, true)
+	var m jsonscan.Member
 	ms, me := -1, -1
 	var seen, seenW uint64
 	const seenStream, seenMessages = 1 << 0, 1 << 1
 	dup := false
 	var tmp [64]byte
-	for it.next(&m) {
-		key := body[m.ks:m.ke]
-		if m.kesc {
-			key = appendUnescape(tmp[:0], key)
+	for it.Next(&m) {
+		key := body[m.Ks:m.Ke]
+		if m.Kesc {
+			key = jsonscan.AppendUnescape(tmp[:0], key)
 		}
 		switch string(key) {
 		case "model":
 			dup = dup || ms >= 0
-			ms, me = m.vs, m.ve
+			ms, me = m.Vs, m.Ve
 			continue
 		case "stream":
 			dup = dup || seen&seenStream != 0
 			seen |= seenStream
-			stream = string(body[m.vs:m.ve]) == "true"
+			stream = string(body[m.Vs:m.Ve]) == "true"
 			continue
 		case "messages":
 			dup = dup || seen&seenMessages != 0
@@ -67,7 +69,7 @@ func ParseRequestKeys(body []byte, watch []string) (model string, stream bool, d
 		}
 		dups = watchKey(dups, &seenW, watch, key)
 	}
-	if !it.ok || skipWS(body, it.i) != len(body) {
+	if !it.OK() || jsonscan.SkipWS(body, it.Pos()) != len(body) {
 		return "", false, 0, ErrBadJSON
 	}
 	if dup {
@@ -81,7 +83,7 @@ func ParseRequestKeys(body []byte, watch []string) (model string, stream bool, d
 		return string(raw), stream, dups, nil
 	}
 	var mtmp [128]byte
-	return string(appendUnescape(mtmp[:0], raw)), stream, dups, nil
+	return string(jsonscan.AppendUnescape(mtmp[:0], raw)), stream, dups, nil
 }
 
 // watchKey marks key in seen when it is watched and returns dups with its
@@ -132,7 +134,7 @@ func RewriteRequest(dst, body []byte, e *RequestEdit) ([]byte, error) {
 	if e == nil || (e.Model == "" && e.Patch.Empty() && e.ReasoningField == "") {
 		return append(dst, body...), nil
 	}
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return dst, ErrBadJSON
 	}
@@ -140,7 +142,7 @@ func RewriteRequest(dst, body []byte, e *RequestEdit) ([]byte, error) {
 	// The encoded model usually fits on the stack.
 	var mbuf [128]byte
 	if e.Model != "" && !e.Patch.has("model") {
-		h.model = appendQuotedString(mbuf[:0], e.Model)
+		h.model = jsonscan.AppendQuoted(mbuf[:0], e.Model)
 	}
 	twoPass := e.ReasoningField != "" && e.Patch.has("messages")
 	if e.ReasoningField != "" && !twoPass {
@@ -171,7 +173,7 @@ func RewriteRequest(dst, body []byte, e *RequestEdit) ([]byte, error) {
 
 // skipEnd returns the index just past the value starting at b[i], or len(b).
 func skipEnd(b []byte, i int) int {
-	end, ok := skipValue(b, i, false, 0)
+	end, ok := jsonscan.SkipValue(b, i, false, 0)
 	if !ok {
 		return len(b)
 	}

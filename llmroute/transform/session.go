@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // maxPrefixesPerSession caps the prefix hashes remembered per session (and
@@ -220,26 +222,26 @@ var sessionSeed = sha256.Sum256([]byte("llm_route session v1"))
 // hs.prefixes (reused). It returns nil when there are no messages.
 func historyPrefixes(body []byte, hs *hashState) []prefixKey {
 	out := hs.prefixes[:0]
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return out
 	}
-	it := iterObject(body, i, false)
-	var m, msgs member
-	msgs.vs = -1
-	for it.next(&m) {
-		if keyIs(body, &m, "messages") {
+	it := jsonscan.IterObject(body, i, false)
+	var m, msgs jsonscan.Member
+	msgs.Vs = -1
+	for it.Next(&m) {
+		if jsonscan.KeyIs(body, &m, "messages") {
 			msgs = m
 		}
 	}
-	if !it.ok || msgs.vs < 0 || body[msgs.vs] != '[' {
+	if !it.OK() || msgs.Vs < 0 || body[msgs.Vs] != '[' {
 		return out
 	}
 	// Where to start: the first user message, or the first message if none.
 	start := -1
-	ai := iterArray(body, msgs.vs, false)
+	ai := jsonscan.IterArray(body, msgs.Vs, false)
 	for {
-		vs, _, more := ai.next()
+		vs, _, more := ai.Next()
 		if !more {
 			break
 		}
@@ -257,9 +259,9 @@ func historyPrefixes(body []byte, hs *hashState) []prefixKey {
 	// One SHA-256 per message over the previous link and the message's
 	// canonical form: Pk = H(Pk-1 ‖ canon(mk)), P0 = the seed.
 	chain := sessionSeed
-	ai = arrIter{b: body, i: start, first: true, ok: true} // resume at start
+	ai = jsonscan.ResumeArray(body, start, false)
 	for {
-		vs, ve, more := ai.nextFrom()
+		vs, ve, more := ai.Next()
 		if !more {
 			break
 		}
@@ -273,34 +275,17 @@ func historyPrefixes(body []byte, hs *hashState) []prefixKey {
 	return out
 }
 
-// nextFrom is next for an iterator positioned directly at an element (used to
-// resume a walk in the middle of an array).
-func (it *arrIter) nextFrom() (vs, ve int, more bool) {
-	if it.first {
-		it.first = false
-		i := skipWS(it.b, it.i)
-		end, ok := skipValue(it.b, i, false, 1)
-		if !ok {
-			it.ok = false
-			return 0, 0, false
-		}
-		it.i = end
-		return i, end, true
-	}
-	return it.next()
-}
-
 // isUser reports whether the element at b[vs] is an object with role "user".
 func isUser(b []byte, vs int) bool {
 	if b[vs] != '{' {
 		return false
 	}
-	it := iterObject(b, vs, false)
-	var m member
+	it := jsonscan.IterObject(b, vs, false)
+	var m jsonscan.Member
 	user := false
-	for it.next(&m) {
-		if keyIs(b, &m, "role") {
-			user = strIs(b[m.vs:m.ve], true, "user")
+	for it.Next(&m) {
+		if jsonscan.KeyIs(b, &m, "role") {
+			user = jsonscan.StrIs(b[m.Vs:m.Ve], true, "user")
 		}
 	}
 	return user
@@ -331,7 +316,7 @@ func appendStrRec(dst []byte, tag byte, v []byte, hs *hashState) []byte {
 	if len(v) < 2 || v[0] != '"' {
 		return dst
 	}
-	hs.text = appendUnescape(hs.text[:0], v[1:len(v)-1])
+	hs.text = jsonscan.AppendUnescape(hs.text[:0], v[1:len(v)-1])
 	return appendRec(dst, tag, hs.text)
 }
 
@@ -340,39 +325,39 @@ func canonMessage(dst, msg []byte, hs *hashState) []byte {
 	if len(msg) == 0 || msg[0] != '{' {
 		return appendRec(dst, recOther, canonJSON(nil, msg))
 	}
-	it := iterObject(msg, 0, false)
-	var m, role, content, name, callID, calls member
-	role.vs, content.vs, name.vs, callID.vs, calls.vs = -1, -1, -1, -1, -1
-	for it.next(&m) {
+	it := jsonscan.IterObject(msg, 0, false)
+	var m, role, content, name, callID, calls jsonscan.Member
+	role.Vs, content.Vs, name.Vs, callID.Vs, calls.Vs = -1, -1, -1, -1, -1
+	for it.Next(&m) {
 		switch {
-		case keyIs(msg, &m, "role"):
+		case jsonscan.KeyIs(msg, &m, "role"):
 			role = m
-		case keyIs(msg, &m, "content"):
+		case jsonscan.KeyIs(msg, &m, "content"):
 			content = m
-		case keyIs(msg, &m, "name"):
+		case jsonscan.KeyIs(msg, &m, "name"):
 			name = m
-		case keyIs(msg, &m, "tool_call_id"):
+		case jsonscan.KeyIs(msg, &m, "tool_call_id"):
 			callID = m
-		case keyIs(msg, &m, "tool_calls"):
+		case jsonscan.KeyIs(msg, &m, "tool_calls"):
 			calls = m
 		}
 	}
-	if role.vs >= 0 {
-		dst = appendStrRec(dst, recRole, msg[role.vs:role.ve], hs)
+	if role.Vs >= 0 {
+		dst = appendStrRec(dst, recRole, msg[role.Vs:role.Ve], hs)
 	}
-	if content.vs >= 0 {
-		dst = canonContent(dst, msg[content.vs:content.ve], hs)
+	if content.Vs >= 0 {
+		dst = canonContent(dst, msg[content.Vs:content.Ve], hs)
 	}
-	if name.vs >= 0 {
-		dst = appendStrRec(dst, recName, msg[name.vs:name.ve], hs)
+	if name.Vs >= 0 {
+		dst = appendStrRec(dst, recName, msg[name.Vs:name.Ve], hs)
 	}
-	if callID.vs >= 0 {
-		dst = appendStrRec(dst, recCallID, msg[callID.vs:callID.ve], hs)
+	if callID.Vs >= 0 {
+		dst = appendStrRec(dst, recCallID, msg[callID.Vs:callID.Ve], hs)
 	}
-	if calls.vs >= 0 && msg[calls.vs] == '[' {
-		ai := iterArray(msg, calls.vs, false)
+	if calls.Vs >= 0 && msg[calls.Vs] == '[' {
+		ai := jsonscan.IterArray(msg, calls.Vs, false)
 		for {
-			vs, ve, more := ai.next()
+			vs, ve, more := ai.Next()
 			if !more {
 				break
 			}
@@ -388,21 +373,21 @@ func canonContent(dst, v []byte, hs *hashState) []byte {
 	text := hs.text[:0]
 	switch v[0] {
 	case '"':
-		text = appendUnescape(text, v[1:len(v)-1])
+		text = jsonscan.AppendUnescape(text, v[1:len(v)-1])
 	case '[':
-		ai := iterArray(v, 0, false)
+		ai := jsonscan.IterArray(v, 0, false)
 		for {
-			vs, ve, more := ai.next()
+			vs, ve, more := ai.Next()
 			if !more {
 				break
 			}
 			part := v[vs:ve]
 			if part[0] == '"' {
-				text = appendUnescape(text, part[1:len(part)-1])
+				text = jsonscan.AppendUnescape(text, part[1:len(part)-1])
 				continue
 			}
 			if t, ok := textPart(part); ok {
-				text = appendUnescape(text, t)
+				text = jsonscan.AppendUnescape(text, t)
 				continue
 			}
 			dst = appendRec(dst, recPart, canonJSON(nil, part))
@@ -421,34 +406,34 @@ func textPart(part []byte) ([]byte, bool) {
 	if part[0] != '{' {
 		return nil, false
 	}
-	typ, text, _ := twoMembers(part, 0, "type", "text")
-	if text.vs < 0 || part[text.vs] != '"' {
+	typ, text, _ := jsonscan.TwoMembers(part, 0, "type", "text")
+	if text.Vs < 0 || part[text.Vs] != '"' {
 		return nil, false
 	}
-	if typ.vs >= 0 {
-		t := part[typ.vs:typ.ve]
-		if !strIs(t, true, "text") && !strIs(t, true, "input_text") && !strIs(t, true, "output_text") {
+	if typ.Vs >= 0 {
+		t := part[typ.Vs:typ.Ve]
+		if !jsonscan.StrIs(t, true, "text") && !jsonscan.StrIs(t, true, "input_text") && !jsonscan.StrIs(t, true, "output_text") {
 			return nil, false
 		}
 	}
-	return part[text.vs+1 : text.ve-1], true
+	return part[text.Vs+1 : text.Ve-1], true
 }
 
 func canonToolCall(dst, call []byte, hs *hashState) []byte {
 	if call[0] != '{' {
 		return appendRec(dst, recOther, canonJSON(nil, call))
 	}
-	id, fn, _ := twoMembers(call, 0, "id", "function")
-	if id.vs >= 0 {
-		dst = appendStrRec(dst, recToolID, call[id.vs:id.ve], hs)
+	id, fn, _ := jsonscan.TwoMembers(call, 0, "id", "function")
+	if id.Vs >= 0 {
+		dst = appendStrRec(dst, recToolID, call[id.Vs:id.Ve], hs)
 	}
-	if fn.vs >= 0 && call[fn.vs] == '{' {
-		name, args, _ := twoMembers(call, fn.vs, "name", "arguments")
-		if name.vs >= 0 {
-			dst = appendStrRec(dst, recToolName, call[name.vs:name.ve], hs)
+	if fn.Vs >= 0 && call[fn.Vs] == '{' {
+		name, args, _ := jsonscan.TwoMembers(call, fn.Vs, "name", "arguments")
+		if name.Vs >= 0 {
+			dst = appendStrRec(dst, recToolName, call[name.Vs:name.Ve], hs)
 		}
-		if args.vs >= 0 {
-			dst = appendStrRec(dst, recToolArgs, call[args.vs:args.ve], hs)
+		if args.Vs >= 0 {
+			dst = appendStrRec(dst, recToolArgs, call[args.Vs:args.Ve], hs)
 		}
 	}
 	return dst
@@ -468,14 +453,14 @@ func canonJSON(dst, v []byte) []byte {
 			v []byte
 		}
 		var kvs []kv
-		it := iterObject(v, 0, false)
-		var m member
-		for it.next(&m) {
-			k := appendUnescape(nil, v[m.ks:m.ke])
+		it := jsonscan.IterObject(v, 0, false)
+		var m jsonscan.Member
+		for it.Next(&m) {
+			k := jsonscan.AppendUnescape(nil, v[m.Ks:m.Ke])
 			if string(k) == "cache_control" {
 				continue
 			}
-			kvs = append(kvs, kv{k, v[m.vs:m.ve]})
+			kvs = append(kvs, kv{k, v[m.Vs:m.Ve]})
 		}
 		sort.SliceStable(kvs, func(i, j int) bool { return bytes.Compare(kvs[i].k, kvs[j].k) < 0 })
 		dst = append(dst, '{')
@@ -486,9 +471,9 @@ func canonJSON(dst, v []byte) []byte {
 		return append(dst, '}')
 	case '[':
 		dst = append(dst, '[')
-		ai := iterArray(v, 0, false)
+		ai := jsonscan.IterArray(v, 0, false)
 		for {
-			vs, ve, more := ai.next()
+			vs, ve, more := ai.Next()
 			if !more {
 				break
 			}
@@ -496,7 +481,7 @@ func canonJSON(dst, v []byte) []byte {
 		}
 		return append(dst, ']')
 	case '"':
-		s := appendUnescape(nil, v[1:len(v)-1])
+		s := jsonscan.AppendUnescape(nil, v[1:len(v)-1])
 		if !utf8.Valid(s) {
 			s = bytes.ToValidUTF8(s, []byte("\uFFFD"))
 		}

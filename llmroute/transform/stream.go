@@ -3,6 +3,8 @@ package transform
 import (
 	"bytes"
 	"errors"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // MaxEventSize is the default bound of the memory a StreamRewriter buffers
@@ -350,7 +352,7 @@ func isDone(payload []byte) bool {
 // rewritten JSON (in s.pay) when any choice changed.
 func (s *StreamRewriter) rewriteChunk(payload []byte) ([]byte, bool) {
 	// Cheap rejection of non-JSON data before any parsing.
-	if i := skipWS(payload, 0); i >= len(payload) || payload[i] != '{' {
+	if i := jsonscan.SkipWS(payload, 0); i >= len(payload) || payload[i] != '{' {
 		return nil, false
 	}
 	// Fast path for the common chunk: no splitter is mid-tag or inside a
@@ -388,7 +390,7 @@ func (s *StreamRewriter) rewriteChunk(payload []byte) ([]byte, bool) {
 		text := payload[sp.cs+1 : sp.ce-1]
 		if sp.cesc {
 			d0 := len(s.dec)
-			s.dec = appendUnescape(s.dec, text)
+			s.dec = jsonscan.AppendUnescape(s.dec, text)
 			text = s.dec[d0:]
 		}
 		// Fast path: outside a block, nothing held and no '<': unchanged.
@@ -555,7 +557,7 @@ func (s *StreamRewriter) flushHeld(lead []byte) bool {
 		out = appendInt(out, cs.index)
 		out = append(out, `,"delta":{`...)
 		out = append(out, field...)
-		out = appendQuoted(out, text)
+		out = jsonscan.AppendQuoted(out, text)
 		out = append(out, "}}"...)
 	}
 	out = append(out, "]}"...)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // ThinkMode says what to do with <think>…</think> blocks that some providers
@@ -160,80 +162,80 @@ type choiceSpan struct {
 // when the payload isn't a valid object or carries a top-level "error" key; in
 // both cases it must pass through.
 func collectChoices(b []byte, stream bool, spans []choiceSpan, meta *chunkMeta) ([]choiceSpan, bool) {
-	i := skipWS(b, 0)
+	i := jsonscan.SkipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return spans, false
 	}
-	it := iterObject(b, i, true)
-	var m member
-	choices := member{vs: -1}
+	it := jsonscan.IterObject(b, i, true)
+	var m jsonscan.Member
+	choices := jsonscan.Member{Vs: -1}
 	if meta != nil {
 		*meta = chunkMeta{id: span{-1, -1}, created: span{-1, -1}, model: span{-1, -1}}
 	}
-	for it.next(&m) {
+	for it.Next(&m) {
 		switch {
-		case keyIs(b, &m, "choices"):
+		case jsonscan.KeyIs(b, &m, "choices"):
 			choices = m
-		case keyIs(b, &m, "error"):
+		case jsonscan.KeyIs(b, &m, "error"):
 			return spans, false
 		case meta == nil:
-		case keyIs(b, &m, "id"):
-			meta.id = span{m.vs, m.ve}
-		case keyIs(b, &m, "created"):
-			meta.created = span{m.vs, m.ve}
-		case keyIs(b, &m, "model"):
-			meta.model = span{m.vs, m.ve}
+		case jsonscan.KeyIs(b, &m, "id"):
+			meta.id = span{m.Vs, m.Ve}
+		case jsonscan.KeyIs(b, &m, "created"):
+			meta.created = span{m.Vs, m.Ve}
+		case jsonscan.KeyIs(b, &m, "model"):
+			meta.model = span{m.Vs, m.Ve}
 		}
 	}
-	if !it.ok || skipWS(b, it.i) != len(b) {
+	if !it.OK() || jsonscan.SkipWS(b, it.Pos()) != len(b) {
 		return spans, false
 	}
-	if choices.vs < 0 || b[choices.vs] != '[' {
+	if choices.Vs < 0 || b[choices.Vs] != '[' {
 		return spans, true
 	}
-	ai := iterArray(b, choices.vs, false)
+	ai := jsonscan.IterArray(b, choices.Vs, false)
 	for pos := 0; ; pos++ {
-		vs, _, more := ai.next()
+		vs, _, more := ai.Next()
 		if !more {
 			break
 		}
 		if b[vs] != '{' {
 			continue
 		}
-		oi := iterObject(b, vs, false)
-		index, delta, msg := member{vs: -1}, member{vs: -1}, member{vs: -1}
-		for oi.next(&m) {
+		oi := jsonscan.IterObject(b, vs, false)
+		index, delta, msg := jsonscan.Member{Vs: -1}, jsonscan.Member{Vs: -1}, jsonscan.Member{Vs: -1}
+		for oi.Next(&m) {
 			switch {
-			case keyIs(b, &m, "index"):
+			case jsonscan.KeyIs(b, &m, "index"):
 				index = m
-			case keyIs(b, &m, "message"):
+			case jsonscan.KeyIs(b, &m, "message"):
 				msg = m
-			case stream && keyIs(b, &m, "delta"):
+			case stream && jsonscan.KeyIs(b, &m, "delta"):
 				delta = m
 			}
 		}
 		inObj, whole := delta, false
-		if inObj.vs < 0 || b[inObj.vs] != '{' {
+		if inObj.Vs < 0 || b[inObj.Vs] != '{' {
 			inObj, whole = msg, stream
 		}
-		if inObj.vs < 0 || b[inObj.vs] != '{' {
+		if inObj.Vs < 0 || b[inObj.Vs] != '{' {
 			continue
 		}
-		cs := choiceSpan{index: pos, cs: -1, rs: -1, insert: inObj.vs + 1, whole: whole}
-		if index.vs >= 0 {
-			cs.index = smallInt(b[index.vs:index.ve])
+		cs := choiceSpan{index: pos, cs: -1, rs: -1, insert: inObj.Vs + 1, whole: whole}
+		if index.Vs >= 0 {
+			cs.index = smallInt(b[index.Vs:index.Ve])
 		}
-		di := iterObject(b, inObj.vs, false)
-		for di.next(&m) {
-			cs.insert = m.ve
-			if keyIs(b, &m, "content") {
-				cs.cs, cs.ce, cs.cesc = m.vs, m.ve, false
-				if b[m.vs] == '"' {
-					_, esc, _ := scanStringFast(b, m.vs)
+		di := jsonscan.IterObject(b, inObj.Vs, false)
+		for di.Next(&m) {
+			cs.insert = m.Ve
+			if jsonscan.KeyIs(b, &m, "content") {
+				cs.cs, cs.ce, cs.cesc = m.Vs, m.Ve, false
+				if b[m.Vs] == '"' {
+					_, esc, _ := jsonscan.ScanString(b, m.Vs, false)
 					cs.cesc = esc
 				}
-			} else if keyIs(b, &m, "reasoning_content") {
-				cs.rs, cs.re = m.vs, m.ve
+			} else if jsonscan.KeyIs(b, &m, "reasoning_content") {
+				cs.rs, cs.re = m.Vs, m.Ve
 			}
 		}
 		if cs.cs >= 0 && b[cs.cs] == '"' {
@@ -289,21 +291,21 @@ func applyChoices(dst, b []byte, spans []choiceSpan, cbuf, rbuf []byte) []byte {
 			}
 			dst = append(dst, b[cur:seg[0]]...)
 			if isContent {
-				dst = appendQuoted(dst, cbuf[sp.c0:sp.c1])
+				dst = jsonscan.AppendQuoted(dst, cbuf[sp.c0:sp.c1])
 			} else if b[seg[0]] == '"' {
 				// Existing string: keep its raw interior, add ours after it.
 				dst = append(dst, b[seg[0]:seg[1]-1]...)
-				dst = appendEscaped(dst, rbuf[sp.r0:sp.r1])
+				dst = jsonscan.AppendEscaped(dst, rbuf[sp.r0:sp.r1])
 				dst = append(dst, '"')
 			} else {
-				dst = appendQuoted(dst, rbuf[sp.r0:sp.r1])
+				dst = jsonscan.AppendQuoted(dst, rbuf[sp.r0:sp.r1])
 			}
 			cur = seg[1]
 		}
 		if sp.addReason && sp.rs < 0 {
 			dst = append(dst, b[cur:sp.insert]...)
 			dst = append(dst, `,"reasoning_content":`...)
-			dst = appendQuoted(dst, rbuf[sp.r0:sp.r1])
+			dst = jsonscan.AppendQuoted(dst, rbuf[sp.r0:sp.r1])
 			cur = sp.insert
 		}
 	}
@@ -339,7 +341,7 @@ func RewriteCompletion(dst, body []byte, mode ThinkMode) (out []byte, changed bo
 		text := body[sp.cs+1 : sp.ce-1]
 		if sp.cesc {
 			d0 := len(dec)
-			dec = appendUnescape(dec, text)
+			dec = jsonscan.AppendUnescape(dec, text)
 			text = dec[d0:]
 		}
 		var s splitter

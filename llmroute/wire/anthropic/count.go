@@ -3,6 +3,8 @@ package anthropic
 import (
 	"strconv"
 	"time"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // imageTokens is what one image counts in CountTokensEstimate: about what
@@ -17,33 +19,33 @@ const imageTokens = 1600
 // role and framing. Invalid JSON counts 0. It errs on the high side for code
 // and non-English text less than a byte count of the whole body would.
 func CountTokensEstimate(body []byte) int {
-	if !validJSON(body) {
+	if !jsonscan.Valid(body) {
 		return 0
 	}
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if body[i] != '{' {
 		return 0
 	}
 	var c counter
 	obj := body[i:]
-	it := iterObject(obj, 0, false)
-	var m member
-	for it.next(&m) {
-		v := obj[m.vs:m.ve]
+	it := jsonscan.IterObject(obj, 0, false)
+	var m jsonscan.Member
+	for it.Next(&m) {
+		v := obj[m.Vs:m.Ve]
 		switch {
-		case keyIs(obj, &m, "system"):
+		case jsonscan.KeyIs(obj, &m, "system"):
 			if v[0] == '[' {
-				ai := iterArray(v, 0, false)
+				ai := jsonscan.IterArray(v, 0, false)
 				first := true
 				for {
-					vs, ve, more := ai.next()
+					vs, ve, more := ai.Next()
 					if !more {
 						break
 					}
 					blk := v[vs:ve]
 					if first {
 						first = false
-						if typ, text := blockTypeText(blk); strIs(typ, true, "text") && text != nil && isBillingText(text) {
+						if typ, text := blockTypeText(blk); jsonscan.StrIs(typ, true, "text") && text != nil && isBillingText(text) {
 							continue
 						}
 					}
@@ -52,11 +54,11 @@ func CountTokensEstimate(body []byte) int {
 			} else {
 				c.walk(v)
 			}
-		case keyIs(obj, &m, "messages"):
+		case jsonscan.KeyIs(obj, &m, "messages"):
 			if v[0] == '[' {
-				ai := iterArray(v, 0, false)
+				ai := jsonscan.IterArray(v, 0, false)
 				for {
-					vs, ve, more := ai.next()
+					vs, ve, more := ai.Next()
 					if !more {
 						break
 					}
@@ -64,7 +66,7 @@ func CountTokensEstimate(body []byte) int {
 					c.walk(v[vs:ve])
 				}
 			}
-		case keyIs(obj, &m, "tools"):
+		case jsonscan.KeyIs(obj, &m, "tools"):
 			c.walk(v)
 		}
 	}
@@ -79,23 +81,23 @@ func (c *counter) walk(v []byte) {
 	case '"':
 		c.bytes += len(v) - 2
 	case '[':
-		it := iterArray(v, 0, false)
+		it := jsonscan.IterArray(v, 0, false)
 		for {
-			vs, ve, more := it.next()
+			vs, ve, more := it.Next()
 			if !more {
 				return
 			}
 			c.walk(v[vs:ve])
 		}
 	case '{':
-		if strIs(objGet(v, "type"), true, "image") {
+		if jsonscan.StrIs(jsonscan.ObjGet(v, "type"), true, "image") {
 			c.tokens += imageTokens
 			return
 		}
-		it := iterObject(v, 0, false)
-		var m member
-		for it.next(&m) {
-			c.walk(v[m.vs:m.ve])
+		it := jsonscan.IterObject(v, 0, false)
+		var m jsonscan.Member
+		for it.Next(&m) {
+			c.walk(v[m.Vs:m.Ve])
 		}
 	}
 }
@@ -119,9 +121,9 @@ func ModelsBody(names []string, created time.Time) []byte {
 			b = append(b, ',')
 		}
 		b = append(b, `{"type":"model","id":`...)
-		b = appendQuotedString(b, n)
+		b = jsonscan.AppendQuoted(b, n)
 		b = append(b, `,"display_name":`...)
-		b = appendQuotedString(b, n)
+		b = jsonscan.AppendQuoted(b, n)
 		b = append(b, `,"created_at":"`...)
 		b = append(b, ts...)
 		b = append(b, `"}`...)
@@ -130,8 +132,8 @@ func ModelsBody(names []string, created time.Time) []byte {
 	if len(names) == 0 {
 		return append(b, `null,"last_id":null}`...)
 	}
-	b = appendQuotedString(b, names[0])
+	b = jsonscan.AppendQuoted(b, names[0])
 	b = append(b, `,"last_id":`...)
-	b = appendQuotedString(b, names[len(names)-1])
+	b = jsonscan.AppendQuoted(b, names[len(names)-1])
 	return append(b, '}')
 }

@@ -1,9 +1,9 @@
 // Package anthropic translates between the Anthropic Messages API (the front
 // Claude Code and the Anthropic SDKs speak) and OpenAI chat completions (the
 // back most upstreams serve), SPEC §13. It is pure bytes → bytes: no Caddy,
-// no llmroute, no reflection-based encoding/json (json.go is a copy of
-// llmroute/transform's raw scanner, which is unexported there; see "Left for
-// later"). Tests use transform to run the think splitter in front of Stream.
+// no llmroute, no reflection-based encoding/json (bodies are walked with the raw
+// scanner in llmroute/internal/jsonscan, shared with llmroute/transform and
+// wire/responses). Tests use transform to run the think splitter in front of Stream.
 //
 // # How the core uses it
 //
@@ -180,10 +180,4 @@
 //   - A stream that ends before any chunk still yields a complete empty
 //     message (message_start … message_stop), so SDKs see a normal end;
 //     Claude Code retries an empty stream without streaming.
-//
-// # Left for later
-//
-// json.go duplicates transform/json.go (its scanner is unexported); moving
-// it to a shared internal package (llmroute/internal/rawjson) would let the
-// Responses translator use it too.
 package anthropic

@@ -3,6 +3,8 @@ package anthropic
 import (
 	"bytes"
 	"strconv"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // ErrorType is Anthropic's error.type for an HTTP status: 400
@@ -47,10 +49,10 @@ func appendErrorJSON(dst []byte, typ, code, message string) []byte {
 	dst = append(dst, `{"type":"error","error":{"type":"`...)
 	dst = append(dst, typ...)
 	dst = append(dst, `","message":`...)
-	dst = appendQuotedString(dst, message)
+	dst = jsonscan.AppendQuoted(dst, message)
 	if code != "" {
 		dst = append(dst, `,"code":`...)
-		dst = appendQuotedString(dst, code)
+		dst = jsonscan.AppendQuoted(dst, code)
 	}
 	return append(dst, "}}"...)
 }
@@ -65,22 +67,22 @@ const maxErrorText = 1000
 func TranslateError(status int, upstreamBody []byte) []byte {
 	var msg, code []byte
 	body := bytes.TrimSpace(upstreamBody)
-	isObj := len(body) > 0 && body[0] == '{' && validJSON(body)
+	isObj := len(body) > 0 && body[0] == '{' && jsonscan.Valid(body)
 	if isObj {
-		e := objGet(body, "error")
+		e := jsonscan.ObjGet(body, "error")
 		switch {
 		case e != nil && e[0] == '{':
-			msg, code = objGet(e, "message"), objGet(e, "code")
+			msg, code = jsonscan.ObjGet(e, "message"), jsonscan.ObjGet(e, "code")
 		case e != nil && e[0] == '"':
 			msg = e
 		default:
-			msg = objGet(body, "message")
+			msg = jsonscan.ObjGet(body, "message")
 		}
 	}
 	var text, c string
 	switch {
 	case msg != nil && msg[0] == '"':
-		text = string(appendUnescape(nil, msg[1:len(msg)-1]))
+		text = string(jsonscan.AppendUnescape(nil, msg[1:len(msg)-1]))
 	case !isObj && len(body) > 0:
 		text = string(body)
 		if len(text) > maxErrorText {
@@ -91,7 +93,7 @@ func TranslateError(status int, upstreamBody []byte) []byte {
 		text = "upstream error (HTTP " + strconv.Itoa(status) + ")"
 	}
 	if code != nil && code[0] == '"' {
-		c = string(appendUnescape(nil, code[1:len(code)-1]))
+		c = string(jsonscan.AppendUnescape(nil, code[1:len(code)-1]))
 	}
 	return appendErrorJSON(nil, ErrorType(status), c, text)
 }

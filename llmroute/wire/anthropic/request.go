@@ -3,6 +3,8 @@ package anthropic
 import (
 	"bytes"
 	"strconv"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Options tune the request translation per upstream.
@@ -66,7 +68,7 @@ const billingPrefix = "x-anthropic-billing-header:"
 // bytes (upstream prefix caches stay warm).
 func ToChat(dst, body []byte, opt Options) ([]byte, *Info, error) {
 	n0 := len(dst)
-	if !validJSON(body) {
+	if !jsonscan.Valid(body) {
 		return dst, nil, badRequest("", "request body is not valid JSON")
 	}
 	var r request
@@ -75,7 +77,7 @@ func ToChat(dst, body []byte, opt Options) ([]byte, *Info, error) {
 	}
 	info := &Info{Stream: r.stream, Thinking: r.thinkingOn}
 	if r.model != nil && r.model[0] == '"' {
-		info.Model = string(appendUnescape(nil, r.model[1:len(r.model)-1]))
+		info.Model = string(jsonscan.AppendUnescape(nil, r.model[1:len(r.model)-1]))
 	}
 
 	dst = append(dst, '{')
@@ -145,16 +147,16 @@ type request struct {
 }
 
 func (r *request) parse(body []byte) *Error {
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if body[i] != '{' {
 		return badRequest("", "request body must be a JSON object")
 	}
-	it := iterObject(body, i, false)
-	var m member
+	it := jsonscan.IterObject(body, i, false)
+	var m jsonscan.Member
 	var tmp [32]byte
-	for it.next(&m) {
-		v := body[m.vs:m.ve]
-		switch string(keyOf(body, &m, tmp[:])) {
+	for it.Next(&m) {
+		v := body[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(body, &m, tmp[:])) {
 		case "model":
 			r.model = v
 		case "system":
@@ -162,20 +164,20 @@ func (r *request) parse(body []byte) *Error {
 		case "messages":
 			r.messages = v
 		case "max_tokens":
-			r.maxTokens = numberOrNil(v)
+			r.maxTokens = jsonscan.NumberOrNil(v)
 		case "temperature":
-			r.temperature = numberOrNil(v)
+			r.temperature = jsonscan.NumberOrNil(v)
 		case "top_p":
-			r.topP = numberOrNil(v)
+			r.topP = jsonscan.NumberOrNil(v)
 		case "stop_sequences":
 			r.stop = nil
-			if v[0] == '[' && !isEmptyArray(v) {
+			if v[0] == '[' && !jsonscan.IsEmptyArray(v) {
 				r.stop = v
 			}
 		case "metadata":
 			r.user = nil
 			if v[0] == '{' {
-				if u := objGet(v, "user_id"); u != nil && u[0] == '"' {
+				if u := jsonscan.ObjGet(v, "user_id"); u != nil && u[0] == '"' {
 					r.user = u
 				}
 			}
@@ -194,14 +196,14 @@ func (r *request) parse(body []byte) *Error {
 		case "thinking":
 			r.thinkingOn, r.thinkingBudget = false, nil
 			if v[0] == '{' {
-				t := objGet(v, "type")
-				r.thinkingOn = strIs(t, true, "enabled") || strIs(t, true, "adaptive")
-				r.thinkingBudget = numberOrNil(objGet(v, "budget_tokens"))
+				t := jsonscan.ObjGet(v, "type")
+				r.thinkingOn = jsonscan.StrIs(t, true, "enabled") || jsonscan.StrIs(t, true, "adaptive")
+				r.thinkingBudget = jsonscan.NumberOrNil(jsonscan.ObjGet(v, "budget_tokens"))
 			}
 		case "output_config":
 			r.outputEffort = nil
 			if v[0] == '{' {
-				if e := objGet(v, "effort"); e != nil && e[0] == '"' {
+				if e := jsonscan.ObjGet(v, "effort"); e != nil && e[0] == '"' {
 					r.outputEffort = e
 				}
 			}
@@ -220,9 +222,9 @@ func (r *request) effort() string {
 	}
 	if r.outputEffort != nil {
 		switch {
-		case strIs(r.outputEffort, true, "low"):
+		case jsonscan.StrIs(r.outputEffort, true, "low"):
 			return "low"
-		case strIs(r.outputEffort, true, "medium"):
+		case jsonscan.StrIs(r.outputEffort, true, "medium"):
 			return "medium"
 		default: // high, xhigh, max: chat's strongest widely accepted value
 			return "high"
@@ -253,9 +255,9 @@ func appendMessages(dst, system, msgs []byte, opt *Options, withSystem bool) ([]
 	if withSystem && system != nil {
 		w.system(system, true)
 	}
-	it := iterArray(msgs, 0, false)
+	it := jsonscan.IterArray(msgs, 0, false)
 	for {
-		vs, ve, more := it.next()
+		vs, ve, more := it.Next()
 		if !more {
 			break
 		}
@@ -301,15 +303,15 @@ func (w *msgWriter) system(v []byte, top bool) {
 	w.dst = append(w.dst, '"')
 	start := len(w.dst)
 	first := true
-	it := iterArray(v, 0, false)
+	it := jsonscan.IterArray(v, 0, false)
 	for {
-		vs, ve, more := it.next()
+		vs, ve, more := it.Next()
 		if !more {
 			break
 		}
 		blk := v[vs:ve]
 		typ, text := blockTypeText(blk)
-		if !strIs(typ, true, "text") || text == nil {
+		if !jsonscan.StrIs(typ, true, "text") || text == nil {
 			continue
 		}
 		if top && first && !w.opt.KeepBillingHeader && isBillingText(text) {
@@ -335,26 +337,26 @@ func (w *msgWriter) message(msg []byte) *Error {
 		return badRequest("", "messages: each message must be an object")
 	}
 	var role, content []byte
-	it := iterObject(msg, 0, false)
-	var m member
+	it := jsonscan.IterObject(msg, 0, false)
+	var m jsonscan.Member
 	var tmp [16]byte
-	for it.next(&m) {
-		switch string(keyOf(msg, &m, tmp[:])) {
+	for it.Next(&m) {
+		switch string(jsonscan.KeyOf(msg, &m, tmp[:])) {
 		case "role":
-			role = msg[m.vs:m.ve]
+			role = msg[m.Vs:m.Ve]
 		case "content":
-			content = msg[m.vs:m.ve]
+			content = msg[m.Vs:m.Ve]
 		}
 	}
 	if content == nil || (content[0] != '"' && content[0] != '[') {
 		return badRequest("", "messages: content must be a string or an array of blocks")
 	}
 	switch {
-	case strIs(role, true, "user"):
+	case jsonscan.StrIs(role, true, "user"):
 		return w.user(content)
-	case strIs(role, true, "assistant"):
+	case jsonscan.StrIs(role, true, "assistant"):
 		return w.assistant(content)
-	case strIs(role, true, "system"):
+	case jsonscan.StrIs(role, true, "system"):
 		w.system(content, false)
 		return nil
 	}
@@ -374,16 +376,16 @@ func (w *msgWriter) user(content []byte) *Error {
 	}
 	parts := false // some block needs the content-parts form
 	rest := 0      // blocks for the user message
-	it := iterArray(content, 0, false)
+	it := jsonscan.IterArray(content, 0, false)
 	for {
-		vs, ve, more := it.next()
+		vs, ve, more := it.Next()
 		if !more {
 			break
 		}
 		blk := content[vs:ve]
-		typ := objGet(blk, "type")
+		typ := jsonscan.ObjGet(blk, "type")
 		switch {
-		case strIs(typ, true, "tool_result"):
+		case jsonscan.StrIs(typ, true, "tool_result"):
 			imgs, err := w.toolResult(blk)
 			if err != nil {
 				return err
@@ -392,12 +394,12 @@ func (w *msgWriter) user(content []byte) *Error {
 				parts = true
 				rest++
 			}
-		case strIs(typ, true, "text"):
+		case jsonscan.StrIs(typ, true, "text"):
 			rest++
-		case strIs(typ, true, "image"):
+		case jsonscan.StrIs(typ, true, "image"):
 			parts = true
 			rest++
-		case strIs(typ, true, "document"):
+		case jsonscan.StrIs(typ, true, "document"):
 			return &Error{Status: 400, Code: "unsupported_parameter", Message: "document blocks cannot be sent to this model's upstream"}
 		}
 	}
@@ -409,8 +411,8 @@ func (w *msgWriter) user(content []byte) *Error {
 		w.dst = append(w.dst, '"')
 		start := len(w.dst)
 		w.eachBlock(content, func(typ, blk []byte) {
-			if strIs(typ, true, "text") {
-				if t := objGet(blk, "text"); t != nil && t[0] == '"' {
+			if jsonscan.StrIs(typ, true, "text") {
+				if t := jsonscan.ObjGet(blk, "text"); t != nil && t[0] == '"' {
 					if len(w.dst) > start {
 						w.dst = append(w.dst, `\n`...)
 					}
@@ -429,17 +431,17 @@ func (w *msgWriter) user(content []byte) *Error {
 			return
 		}
 		switch {
-		case strIs(typ, true, "text"), strIs(typ, true, "image"):
+		case jsonscan.StrIs(typ, true, "text"), jsonscan.StrIs(typ, true, "image"):
 			err = w.part(typ, blk, start)
-		case strIs(typ, true, "tool_result"):
+		case jsonscan.StrIs(typ, true, "tool_result"):
 			// Images a tool returned: chat's tool messages carry text only,
 			// so they follow in the user message.
-			c := objGet(blk, "content")
+			c := jsonscan.ObjGet(blk, "content")
 			if c == nil || c[0] != '[' {
 				return
 			}
 			w.eachBlock(c, func(t2, b2 []byte) {
-				if err == nil && strIs(t2, true, "image") {
+				if err == nil && jsonscan.StrIs(t2, true, "image") {
 					err = w.part(t2, b2, start)
 				}
 			})
@@ -454,8 +456,8 @@ func (w *msgWriter) user(content []byte) *Error {
 
 // part appends one text or image content part.
 func (w *msgWriter) part(typ, blk []byte, start int) *Error {
-	if strIs(typ, true, "text") {
-		t := objGet(blk, "text")
+	if jsonscan.StrIs(typ, true, "text") {
+		t := jsonscan.ObjGet(blk, "text")
 		if t == nil || t[0] != '"' {
 			return nil
 		}
@@ -467,15 +469,15 @@ func (w *msgWriter) part(typ, blk []byte, start int) *Error {
 		w.dst = append(w.dst, '}')
 		return nil
 	}
-	src := objGet(blk, "source")
+	src := jsonscan.ObjGet(blk, "source")
 	if src == nil || src[0] != '{' {
 		return badRequest("", "image: source is required")
 	}
-	st := objGet(src, "type")
+	st := jsonscan.ObjGet(src, "type")
 	var url []byte
 	switch {
-	case strIs(st, true, "base64"):
-		mt, data := objGet(src, "media_type"), objGet(src, "data")
+	case jsonscan.StrIs(st, true, "base64"):
+		mt, data := jsonscan.ObjGet(src, "media_type"), jsonscan.ObjGet(src, "data")
 		if mt == nil || mt[0] != '"' || data == nil || data[0] != '"' {
 			return badRequest("", "image: base64 source needs media_type and data")
 		}
@@ -488,8 +490,8 @@ func (w *msgWriter) part(typ, blk []byte, start int) *Error {
 		w.dst = append(w.dst, data[1:len(data)-1]...)
 		w.dst = append(w.dst, `"}}`...)
 		return nil
-	case strIs(st, true, "url"):
-		if url = objGet(src, "url"); url == nil || url[0] != '"' {
+	case jsonscan.StrIs(st, true, "url"):
+		if url = jsonscan.ObjGet(src, "url"); url == nil || url[0] != '"' {
 			return badRequest("", "image: url source needs url")
 		}
 	default:
@@ -507,12 +509,12 @@ func (w *msgWriter) part(typ, blk []byte, start int) *Error {
 // toolResult writes one tool message; imgs reports image blocks in its
 // content, which the user message carries.
 func (w *msgWriter) toolResult(blk []byte) (imgs bool, err *Error) {
-	id := objGet(blk, "tool_use_id")
+	id := jsonscan.ObjGet(blk, "tool_use_id")
 	if id == nil || id[0] != '"' {
 		return false, badRequest("", "tool_result: tool_use_id is required")
 	}
-	c := objGet(blk, "content")
-	isErr := string(objGet(blk, "is_error")) == "true"
+	c := jsonscan.ObjGet(blk, "content")
+	isErr := string(jsonscan.ObjGet(blk, "is_error")) == "true"
 	if w.n > 0 {
 		w.dst = append(w.dst, ',')
 	}
@@ -531,14 +533,14 @@ func (w *msgWriter) toolResult(blk []byte) (imgs bool, err *Error) {
 		start := len(w.dst)
 		w.eachBlock(c, func(typ, b []byte) {
 			switch {
-			case strIs(typ, true, "text"):
-				if t := objGet(b, "text"); t != nil && t[0] == '"' {
+			case jsonscan.StrIs(typ, true, "text"):
+				if t := jsonscan.ObjGet(b, "text"); t != nil && t[0] == '"' {
 					if len(w.dst) > start {
 						w.dst = append(w.dst, `\n`...)
 					}
 					w.dst = append(w.dst, t[1:len(t)-1]...)
 				}
-			case strIs(typ, true, "image"):
+			case jsonscan.StrIs(typ, true, "image"):
 				imgs = true
 			}
 		})
@@ -563,14 +565,14 @@ func (w *msgWriter) assistant(content []byte) *Error {
 	tools := false
 	w.eachBlock(content, func(typ, blk []byte) {
 		switch {
-		case strIs(typ, true, "text"):
-			if t := objGet(blk, "text"); t != nil && t[0] == '"' {
+		case jsonscan.StrIs(typ, true, "text"):
+			if t := jsonscan.ObjGet(blk, "text"); t != nil && t[0] == '"' {
 				if len(w.dst) > start {
 					w.dst = append(w.dst, `\n`...)
 				}
 				w.dst = append(w.dst, t[1:len(t)-1]...)
 			}
-		case strIs(typ, true, "tool_use"):
+		case jsonscan.StrIs(typ, true, "tool_use"):
 			tools = true
 		}
 	})
@@ -584,10 +586,10 @@ func (w *msgWriter) assistant(content []byte) *Error {
 		start := len(w.dst)
 		var err *Error
 		w.eachBlock(content, func(typ, blk []byte) {
-			if err != nil || !strIs(typ, true, "tool_use") {
+			if err != nil || !jsonscan.StrIs(typ, true, "tool_use") {
 				return
 			}
-			id, name, input := objGet(blk, "id"), objGet(blk, "name"), objGet(blk, "input")
+			id, name, input := jsonscan.ObjGet(blk, "id"), jsonscan.ObjGet(blk, "name"), jsonscan.ObjGet(blk, "input")
 			if id == nil || id[0] != '"' || name == nil || name[0] != '"' {
 				err = badRequest("", "tool_use: id and name are required")
 				return
@@ -603,7 +605,7 @@ func (w *msgWriter) assistant(content []byte) *Error {
 			if input == nil {
 				input = []byte("{}")
 			}
-			w.dst = appendQuoted(w.dst, input)
+			w.dst = jsonscan.AppendQuoted(w.dst, input)
 			w.dst = append(w.dst, "}}"...)
 		})
 		if err != nil {
@@ -614,12 +616,12 @@ func (w *msgWriter) assistant(content []byte) *Error {
 	if f := w.opt.ReasoningField; f != "" {
 		mark := len(w.dst)
 		w.dst = append(w.dst, ',')
-		w.dst = appendQuotedString(w.dst, f)
+		w.dst = jsonscan.AppendQuoted(w.dst, f)
 		w.dst = append(w.dst, `:"`...)
 		start := len(w.dst)
 		w.eachBlock(content, func(typ, blk []byte) {
-			if strIs(typ, true, "thinking") {
-				if t := objGet(blk, "thinking"); t != nil && t[0] == '"' && len(t) > 2 {
+			if jsonscan.StrIs(typ, true, "thinking") {
+				if t := jsonscan.ObjGet(blk, "thinking"); t != nil && t[0] == '"' && len(t) > 2 {
 					if len(w.dst) > start {
 						w.dst = append(w.dst, `\n`...)
 					}
@@ -640,14 +642,14 @@ func (w *msgWriter) assistant(content []byte) *Error {
 // eachBlock calls fn with the type and bytes of every object in the array
 // blocks.
 func (w *msgWriter) eachBlock(blocks []byte, fn func(typ, blk []byte)) {
-	it := iterArray(blocks, 0, false)
+	it := jsonscan.IterArray(blocks, 0, false)
 	for {
-		vs, ve, more := it.next()
+		vs, ve, more := it.Next()
 		if !more {
 			return
 		}
 		if blk := blocks[vs:ve]; blk[0] == '{' {
-			fn(objGet(blk, "type"), blk)
+			fn(jsonscan.ObjGet(blk, "type"), blk)
 		}
 	}
 }
@@ -657,9 +659,9 @@ func (w *msgWriter) eachBlock(blocks []byte, fn func(typ, blk []byte)) {
 func appendTools(dst, tools []byte) ([]byte, bool) {
 	dst = append(dst, '[')
 	start := len(dst)
-	it := iterArray(tools, 0, false)
+	it := jsonscan.IterArray(tools, 0, false)
 	for {
-		vs, ve, more := it.next()
+		vs, ve, more := it.Next()
 		if !more {
 			break
 		}
@@ -668,12 +670,12 @@ func appendTools(dst, tools []byte) ([]byte, bool) {
 			continue
 		}
 		var name, desc, schema, typ []byte
-		ti := iterObject(t, 0, false)
-		var m member
+		ti := jsonscan.IterObject(t, 0, false)
+		var m jsonscan.Member
 		var tmp [16]byte
-		for ti.next(&m) {
-			v := t[m.vs:m.ve]
-			switch string(keyOf(t, &m, tmp[:])) {
+		for ti.Next(&m) {
+			v := t[m.Vs:m.Ve]
+			switch string(jsonscan.KeyOf(t, &m, tmp[:])) {
 			case "name":
 				name = v
 			case "description":
@@ -684,7 +686,7 @@ func appendTools(dst, tools []byte) ([]byte, bool) {
 				typ = v
 			}
 		}
-		if typ != nil && !strIs(typ, true, "custom") || name == nil || name[0] != '"' || schema == nil {
+		if typ != nil && !jsonscan.StrIs(typ, true, "custom") || name == nil || name[0] != '"' || schema == nil {
 			continue
 		}
 		if len(dst) > start {
@@ -705,16 +707,16 @@ func appendTools(dst, tools []byte) ([]byte, bool) {
 
 // appendToolChoice appends ,"tool_choice":… (and parallel_tool_calls).
 func appendToolChoice(dst, tc []byte) []byte {
-	typ := objGet(tc, "type")
+	typ := jsonscan.ObjGet(tc, "type")
 	switch {
-	case strIs(typ, true, "auto"):
+	case jsonscan.StrIs(typ, true, "auto"):
 		dst = append(dst, `,"tool_choice":"auto"`...)
-	case strIs(typ, true, "any"):
+	case jsonscan.StrIs(typ, true, "any"):
 		dst = append(dst, `,"tool_choice":"required"`...)
-	case strIs(typ, true, "none"):
+	case jsonscan.StrIs(typ, true, "none"):
 		dst = append(dst, `,"tool_choice":"none"`...)
-	case strIs(typ, true, "tool"):
-		name := objGet(tc, "name")
+	case jsonscan.StrIs(typ, true, "tool"):
+		name := jsonscan.ObjGet(tc, "name")
 		if name == nil || name[0] != '"' {
 			return dst
 		}
@@ -724,7 +726,7 @@ func appendToolChoice(dst, tc []byte) []byte {
 	default:
 		return dst
 	}
-	if string(objGet(tc, "disable_parallel_tool_use")) == "true" {
+	if string(jsonscan.ObjGet(tc, "disable_parallel_tool_use")) == "true" {
 		dst = append(dst, `,"parallel_tool_calls":false`...)
 	}
 	return dst
@@ -736,31 +738,31 @@ func appendToolChoice(dst, tc []byte) []byte {
 // upstreams. A body without that block is returned as it is (same slice);
 // otherwise the result is appended to dst.
 func StripBillingBlock(dst, body []byte) []byte {
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return body
 	}
-	svs, sve := objSpan(body[i:], "system")
+	svs, sve := jsonscan.ObjSpan(body[i:], "system")
 	if svs < 0 || body[i+svs] != '[' {
 		return body
 	}
 	off := i + svs // index of the system array in body
 	sys := body[off : i+sve]
-	it := iterArray(sys, 0, false)
-	vs, ve, more := it.next()
+	it := jsonscan.IterArray(sys, 0, false)
+	vs, ve, more := it.Next()
 	if !more {
 		return body
 	}
 	typ, text := blockTypeText(sys[vs:ve])
-	if !strIs(typ, true, "text") || text == nil || !isBillingText(text) {
+	if !jsonscan.StrIs(typ, true, "text") || text == nil || !isBillingText(text) {
 		return body
 	}
 	// Cut from the block to the next element (or, for a lone block, to the
 	// closing bracket), keeping the array well formed.
 	cutFrom, cutTo := off+vs, off+ve
-	j := skipWS(sys, ve)
+	j := jsonscan.SkipWS(sys, ve)
 	if j < len(sys) && sys[j] == ',' {
-		cutTo = off + skipWS(sys, j+1)
+		cutTo = off + jsonscan.SkipWS(sys, j+1)
 	}
 	dst = append(dst, body[:cutFrom]...)
 	return append(dst, body[cutTo:]...)
@@ -778,7 +780,7 @@ func isBillingText(text []byte) bool {
 	}
 	var tmp [64]byte
 	head := raw[:min(len(raw), len(billingPrefix)*6)]
-	return bytes.HasPrefix(appendUnescape(tmp[:0], head), []byte(billingPrefix))
+	return bytes.HasPrefix(jsonscan.AppendUnescape(tmp[:0], head), []byte(billingPrefix))
 }
 
 // SessionBody appends {"messages":[…]} for session hashing (SPEC §5, §13):
@@ -786,7 +788,7 @@ func isBillingText(text []byte) bool {
 // (so the billing block is never hashed). Sessions.ID over this body gives the
 // same id for a native and a translated attempt of one conversation.
 func SessionBody(dst, body []byte) ([]byte, error) {
-	if !validJSON(body) {
+	if !jsonscan.Valid(body) {
 		return dst, badRequest("", "request body is not valid JSON")
 	}
 	var r request

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // FromChat translates a non-stream chat.completion body (2xx) into an
@@ -13,21 +15,21 @@ import (
 // body that is not a chat completion object (invalid JSON, no choices, an
 // "error" member) is an error: the core treats it as a failed attempt.
 func FromChat(dst, chat []byte, info *Info) ([]byte, error) {
-	if !validJSON(chat) {
+	if !jsonscan.Valid(chat) {
 		return dst, errors.New("anthropic: upstream body is not valid JSON")
 	}
-	i := skipWS(chat, 0)
+	i := jsonscan.SkipWS(chat, 0)
 	if chat[i] != '{' {
 		return dst, errors.New("anthropic: upstream body is not an object")
 	}
 	obj := chat[i:]
 	var id, model, choices, usage []byte
-	it := iterObject(obj, 0, false)
-	var m member
+	it := jsonscan.IterObject(obj, 0, false)
+	var m jsonscan.Member
 	var tmp [16]byte
-	for it.next(&m) {
-		v := obj[m.vs:m.ve]
-		switch string(keyOf(obj, &m, tmp[:])) {
+	for it.Next(&m) {
+		v := obj[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(obj, &m, tmp[:])) {
 		case "id":
 			id = v
 		case "model":
@@ -44,10 +46,10 @@ func FromChat(dst, chat []byte, info *Info) ([]byte, error) {
 		return dst, errors.New("anthropic: upstream body has no choices")
 	}
 	var message, finish []byte
-	ci := iterArray(choices, 0, false)
-	if vs, ve, ok := ci.next(); ok && choices[vs] == '{' {
+	ci := jsonscan.IterArray(choices, 0, false)
+	if vs, ve, ok := ci.Next(); ok && choices[vs] == '{' {
 		c := choices[vs:ve]
-		message, finish = objGet(c, "message"), objGet(c, "finish_reason")
+		message, finish = jsonscan.ObjGet(c, "message"), jsonscan.ObjGet(c, "finish_reason")
 	}
 
 	dst = append(dst, `{"id":`...)
@@ -73,12 +75,12 @@ func FromChat(dst, chat []byte, info *Info) ([]byte, error) {
 // reasoning_content or reasoning), text (content and refusal), tool_use.
 func appendContent(dst, msg []byte, start int) (_ []byte, tools bool) {
 	var content, rc, reasoning, refusal, calls []byte
-	it := iterObject(msg, 0, false)
-	var m member
+	it := jsonscan.IterObject(msg, 0, false)
+	var m jsonscan.Member
 	var tmp [32]byte
-	for it.next(&m) {
-		v := msg[m.vs:m.ve]
-		switch string(keyOf(msg, &m, tmp[:])) {
+	for it.Next(&m) {
+		v := msg[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(msg, &m, tmp[:])) {
 		case "content":
 			content = v
 		case "reasoning_content":
@@ -115,9 +117,9 @@ func appendContent(dst, msg []byte, start int) (_ []byte, tools bool) {
 		comma()
 		dst = append(dst, `{"type":"text","text":"`...)
 		ts := len(dst)
-		pi := iterArray(content, 0, false)
+		pi := jsonscan.IterArray(content, 0, false)
 		for {
-			vs, ve, more := pi.next()
+			vs, ve, more := pi.Next()
 			if !more {
 				break
 			}
@@ -138,9 +140,9 @@ func appendContent(dst, msg []byte, start int) (_ []byte, tools bool) {
 		dst = append(dst, '}')
 	}
 	if calls != nil && calls[0] == '[' {
-		ti := iterArray(calls, 0, false)
+		ti := jsonscan.IterArray(calls, 0, false)
 		for {
-			vs, ve, more := ti.next()
+			vs, ve, more := ti.Next()
 			if !more {
 				break
 			}
@@ -148,19 +150,19 @@ func appendContent(dst, msg []byte, start int) (_ []byte, tools bool) {
 			if tc[0] != '{' {
 				continue
 			}
-			fn := objGet(tc, "function")
+			fn := jsonscan.ObjGet(tc, "function")
 			comma()
 			tools = true
 			dst = append(dst, `{"type":"tool_use","id":`...)
-			dst = appendToolID(dst, objGet(tc, "id"))
+			dst = appendToolID(dst, jsonscan.ObjGet(tc, "id"))
 			dst = append(dst, `,"name":`...)
-			name := objGet(fn, "name")
+			name := jsonscan.ObjGet(fn, "name")
 			if name == nil || name[0] != '"' {
 				name = []byte(`""`)
 			}
 			dst = append(dst, name...)
 			dst = append(dst, `,"input":`...)
-			dst = appendInput(dst, objGet(fn, "arguments"))
+			dst = appendInput(dst, jsonscan.ObjGet(fn, "arguments"))
 			dst = append(dst, '}')
 		}
 	}
@@ -181,9 +183,9 @@ func appendInput(dst, args []byte) []byte {
 		return append(dst, "{}"...)
 	}
 	mark := len(dst)
-	dst = appendUnescape(dst, args[1:len(args)-1])
+	dst = jsonscan.AppendUnescape(dst, args[1:len(args)-1])
 	obj := dst[mark:]
-	if i := skipWS(obj, 0); i < len(obj) && obj[i] == '{' && validJSON(obj) {
+	if i := jsonscan.SkipWS(obj, 0); i < len(obj) && obj[i] == '{' && jsonscan.Valid(obj) {
 		return dst
 	}
 	return append(dst[:mark], "{}"...)
@@ -194,11 +196,11 @@ func appendInput(dst, args []byte) []byte {
 // was cut off (length): some local servers report "stop" with tool calls.
 func stopReason(finish []byte, tools bool) string {
 	switch {
-	case strIs(finish, true, "length"):
+	case jsonscan.StrIs(finish, true, "length"):
 		return "max_tokens"
-	case tools, strIs(finish, true, "tool_calls"), strIs(finish, true, "function_call"):
+	case tools, jsonscan.StrIs(finish, true, "tool_calls"), jsonscan.StrIs(finish, true, "function_call"):
 		return "tool_use"
-	case strIs(finish, true, "content_filter"):
+	case jsonscan.StrIs(finish, true, "content_filter"):
 		return "refusal"
 	}
 	return "end_turn"
@@ -242,7 +244,7 @@ func appendModel(dst, model []byte, info *Info) []byte {
 		return append(dst, model...)
 	}
 	if info != nil {
-		return appendQuotedString(dst, info.Model)
+		return jsonscan.AppendQuoted(dst, info.Model)
 	}
 	return append(dst, `""`...)
 }
@@ -263,18 +265,18 @@ func (u *usageCounts) read(usage []byte) {
 		return
 	}
 	u.seen = true
-	it := iterObject(usage, 0, false)
-	var m member
+	it := jsonscan.IterObject(usage, 0, false)
+	var m jsonscan.Member
 	var tmp [32]byte
-	for it.next(&m) {
-		v := usage[m.vs:m.ve]
-		switch string(keyOf(usage, &m, tmp[:])) {
+	for it.Next(&m) {
+		v := usage[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(usage, &m, tmp[:])) {
 		case "prompt_tokens":
 			u.prompt = intOf(v)
 		case "completion_tokens":
 			u.completion = intOf(v)
 		case "prompt_tokens_details":
-			if c := objGet(v, "cached_tokens"); c != nil {
+			if c := jsonscan.ObjGet(v, "cached_tokens"); c != nil {
 				u.cached = intOf(c)
 			}
 		case "prompt_cache_hit_tokens":

@@ -3,6 +3,8 @@ package anthropic
 import (
 	"bytes"
 	"strconv"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // maxLine bounds the bytes buffered for one upstream SSE line and for the
@@ -194,7 +196,7 @@ func (s *Stream) dispatch() {
 	// Only JSON white space is trimmed: a payload that is not valid JSON as
 	// it stands (say, ending in a vertical tab) is not a chunk, as for
 	// transform's think splitter, which passes such events through unsplit.
-	data := s.data[skipWS(s.data, 0):]
+	data := s.data[jsonscan.SkipWS(s.data, 0):]
 	for len(data) > 0 && (data[len(data)-1] == ' ' || data[len(data)-1] == '\t') {
 		data = data[:len(data)-1]
 	}
@@ -206,7 +208,7 @@ func (s *Stream) dispatch() {
 		s.finish()
 		return
 	}
-	if data[0] != '{' || !validJSON(data) {
+	if data[0] != '{' || !jsonscan.Valid(data) {
 		return // not a chunk: nothing a Messages client could use
 	}
 	s.chunk(data)
@@ -215,12 +217,12 @@ func (s *Stream) dispatch() {
 // chunk handles one chat.completion.chunk (or an error payload).
 func (s *Stream) chunk(c []byte) {
 	var id, model, choices, usage, errv []byte
-	it := iterObject(c, 0, false)
-	var m member
+	it := jsonscan.IterObject(c, 0, false)
+	var m jsonscan.Member
 	var tmp [16]byte
-	for it.next(&m) {
-		v := c[m.vs:m.ve]
-		switch string(keyOf(c, &m, tmp[:])) {
+	for it.Next(&m) {
+		v := c[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(c, &m, tmp[:])) {
 		case "id":
 			id = v
 		case "model":
@@ -255,9 +257,9 @@ func (s *Stream) chunk(c []byte) {
 	// Only choice 0 is translated (a Messages answer has one); a choice
 	// without an index counts as 0.
 	var delta, finish []byte
-	ci := iterArray(choices, 0, false)
+	ci := jsonscan.IterArray(choices, 0, false)
 	for {
-		vs, ve, more := ci.next()
+		vs, ve, more := ci.Next()
 		if !more {
 			break
 		}
@@ -266,15 +268,15 @@ func (s *Stream) chunk(c []byte) {
 			continue
 		}
 		var index []byte
-		it = iterObject(ch, 0, false)
-		for it.next(&m) {
-			switch string(keyOf(ch, &m, tmp[:])) {
+		it = jsonscan.IterObject(ch, 0, false)
+		for it.Next(&m) {
+			switch string(jsonscan.KeyOf(ch, &m, tmp[:])) {
 			case "delta":
-				delta = ch[m.vs:m.ve]
+				delta = ch[m.Vs:m.Ve]
 			case "finish_reason":
-				finish = ch[m.vs:m.ve]
+				finish = ch[m.Vs:m.Ve]
 			case "index":
-				index = ch[m.vs:m.ve]
+				index = ch[m.Vs:m.Ve]
 			}
 		}
 		if index == nil || intOf(index) == 0 && index[0] == '0' {
@@ -294,12 +296,12 @@ func (s *Stream) chunk(c []byte) {
 // content, tool calls.
 func (s *Stream) delta(d []byte) {
 	var content, rc, reasoning, calls []byte
-	it := iterObject(d, 0, false)
-	var m member
+	it := jsonscan.IterObject(d, 0, false)
+	var m jsonscan.Member
 	var tmp [32]byte
-	for it.next(&m) {
-		v := d[m.vs:m.ve]
-		switch string(keyOf(d, &m, tmp[:])) {
+	for it.Next(&m) {
+		v := d[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(d, &m, tmp[:])) {
 		case "content":
 			content = v
 		case "reasoning_content":
@@ -326,9 +328,9 @@ func (s *Stream) delta(d []byte) {
 		s.blockDelta(s.index, `{"type":"text_delta","text":`, content)
 	}
 	if calls != nil && calls[0] == '[' {
-		ti := iterArray(calls, 0, false)
+		ti := jsonscan.IterArray(calls, 0, false)
 		for s.err == nil {
-			vs, ve, more := ti.next()
+			vs, ve, more := ti.Next()
 			if !more {
 				break
 			}
@@ -342,12 +344,12 @@ func (s *Stream) delta(d []byte) {
 // toolDelta handles one element of delta.tool_calls.
 func (s *Stream) toolDelta(tc []byte) {
 	var idx, id, fn []byte
-	it := iterObject(tc, 0, false)
-	var m member
+	it := jsonscan.IterObject(tc, 0, false)
+	var m jsonscan.Member
 	var tmp [16]byte
-	for it.next(&m) {
-		v := tc[m.vs:m.ve]
-		switch string(keyOf(tc, &m, tmp[:])) {
+	for it.Next(&m) {
+		v := tc[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(tc, &m, tmp[:])) {
 		case "index":
 			idx = v
 		case "id":
@@ -358,7 +360,7 @@ func (s *Stream) toolDelta(tc []byte) {
 	}
 	var name, args []byte
 	if fn != nil && fn[0] == '{' {
-		name, args = objGet(fn, "name"), objGet(fn, "arguments")
+		name, args = jsonscan.ObjGet(fn, "name"), jsonscan.ObjGet(fn, "arguments")
 	}
 	ci := intOf(idx)
 	block := -1
@@ -491,18 +493,18 @@ func (s *Stream) upstreamError(v []byte) {
 	msg := []byte(nil)
 	var code []byte
 	if v[0] == '{' {
-		msg, code = objGet(v, "message"), objGet(v, "code")
+		msg, code = jsonscan.ObjGet(v, "message"), jsonscan.ObjGet(v, "code")
 	} else if v[0] == '"' {
 		msg = v
 	}
 	var text, c string
 	if msg != nil && msg[0] == '"' {
-		text = string(appendUnescape(nil, msg[1:len(msg)-1]))
+		text = string(jsonscan.AppendUnescape(nil, msg[1:len(msg)-1]))
 	} else {
 		text = "upstream error"
 	}
 	if code != nil && code[0] == '"' {
-		c = string(appendUnescape(nil, code[1:len(code)-1]))
+		c = string(jsonscan.AppendUnescape(nil, code[1:len(code)-1]))
 	}
 	_ = s.Fail(c, text)
 }

@@ -102,6 +102,6 @@
 //   - An error object inside an upstream stream ends it as response.failed
 //     with the upstream's message and code (upstream_error when it has none).
 //   - Request fields are read with encoding/json (once per request); the
-//     stream path uses the hand-written walker in json.go and allocates only
-//     when buffers grow.
+//     stream path walks chunks with llmroute/internal/jsonscan (the raw
+//     scanner shared with transform) and allocates only when buffers grow.
 package responses

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // errorType is the OpenAI error type for an HTTP status.
@@ -31,18 +33,18 @@ func ErrorBody(status int, code, message string) []byte {
 
 func appendError(dst []byte, typ, code, param, message string) []byte {
 	dst = append(dst, `{"error":{"message":`...)
-	dst = appendQuoted(dst, message)
+	dst = jsonscan.AppendQuoted(dst, message)
 	dst = append(dst, `,"type":`...)
-	dst = appendQuoted(dst, typ)
+	dst = jsonscan.AppendQuoted(dst, typ)
 	dst = append(dst, `,"param":`...)
 	if param != "" {
-		dst = appendQuoted(dst, param)
+		dst = jsonscan.AppendQuoted(dst, param)
 	} else {
 		dst = append(dst, `null`...)
 	}
 	dst = append(dst, `,"code":`...)
 	if code != "" {
-		dst = appendQuoted(dst, code)
+		dst = jsonscan.AppendQuoted(dst, code)
 	} else {
 		dst = append(dst, `null`...)
 	}
@@ -79,13 +81,13 @@ func TranslateError(status int, upstreamBody []byte) []byte {
 		case len(e.Error) > 0 && e.Error[0] == '{' && json.Unmarshal(e.Error, &inner) == nil:
 			msg, typ, param = inner.Message, inner.Type, inner.Param
 			switch {
-			case isString(inner.Code):
-				code = string(appendStringValue(nil, inner.Code))
+			case jsonscan.IsString(inner.Code):
+				code = string(jsonscan.AppendStringValue(nil, inner.Code))
 			case len(inner.Code) > 0 && inner.Code[0] >= '0' && inner.Code[0] <= '9':
 				code = string(inner.Code)
 			}
-		case isString(e.Error):
-			msg = string(appendStringValue(nil, e.Error))
+		case jsonscan.IsString(e.Error):
+			msg = string(jsonscan.AppendStringValue(nil, e.Error))
 		case e.Message != "":
 			msg = e.Message
 		case e.Detail != "":

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Options tune the request translation for one upstream.
@@ -244,11 +246,11 @@ func ToChat(dst, body []byte, opt Options) ([]byte, *Info, error) {
 	}
 
 	info := &Info{Stream: string(req.Stream) == "true"}
-	if isString(req.Model) {
-		info.Model = string(appendStringValue(nil, req.Model))
+	if jsonscan.IsString(req.Model) {
+		info.Model = string(jsonscan.AppendStringValue(nil, req.Model))
 	}
-	if isString(req.PromptCacheKey) {
-		info.PromptCacheKey = string(appendStringValue(nil, req.PromptCacheKey))
+	if jsonscan.IsString(req.PromptCacheKey) {
+		info.PromptCacheKey = string(jsonscan.AppendStringValue(nil, req.PromptCacheKey))
 	}
 
 	// Tools first: history items name them, and additional_tools items in
@@ -258,7 +260,7 @@ func ToChat(dst, body []byte, opt Options) ([]byte, *Info, error) {
 		if err := json.Unmarshal(req.Input, &items); err != nil {
 			return dst, nil, badRequest("invalid_value", "input", "input must be a string or an array of items")
 		}
-	} else if present(req.Input) && !isString(req.Input) {
+	} else if present(req.Input) && !jsonscan.IsString(req.Input) {
 		return dst, nil, badRequest("invalid_value", "input", "input must be a string or an array of items")
 	}
 	var tools []byte
@@ -285,10 +287,10 @@ func ToChat(dst, body []byte, opt Options) ([]byte, *Info, error) {
 	}
 	out = append(out, `,"messages":[`...)
 	mb := messageBuilder{out: out, start: len(out), info: info, reasoningField: opt.ReasoningField}
-	if isString(req.Instructions) {
+	if jsonscan.IsString(req.Instructions) {
 		mb.system(req.Instructions)
 	}
-	if isString(req.Input) {
+	if jsonscan.IsString(req.Input) {
 		mb.flush()
 		mb.open("user")
 		mb.out = append(mb.out, `,"content":`...)
@@ -319,7 +321,7 @@ func ToChat(dst, body []byte, opt Options) ([]byte, *Info, error) {
 		var r struct {
 			Effort json.RawMessage `json:"effort"`
 		}
-		if json.Unmarshal(req.Reasoning, &r) == nil && isString(r.Effort) {
+		if json.Unmarshal(req.Reasoning, &r) == nil && jsonscan.IsString(r.Effort) {
 			out = append(out, `,"reasoning_effort":`...)
 			out = append(out, r.Effort...)
 		}
@@ -328,9 +330,9 @@ func ToChat(dst, body []byte, opt Options) ([]byte, *Info, error) {
 	out = appendRaw(out, "temperature", req.Temperature)
 	out = appendRaw(out, "top_p", req.TopP)
 	switch {
-	case isString(req.User):
+	case jsonscan.IsString(req.User):
 		out = appendRaw(out, "user", req.User)
-	case isString(req.SafetyIdentifier):
+	case jsonscan.IsString(req.SafetyIdentifier):
 		out = appendRaw(out, "user", req.SafetyIdentifier)
 	}
 	if present(req.Text) {
@@ -375,7 +377,7 @@ func appendResponseFormat(dst []byte, text json.RawMessage) []byte {
 		return append(dst, `,"response_format":{"type":"json_object"}`...)
 	case "json_schema":
 		dst = append(dst, `,"response_format":{"type":"json_schema","json_schema":{"name":`...)
-		if isString(t.Format.Name) {
+		if jsonscan.IsString(t.Format.Name) {
 			dst = append(dst, t.Format.Name...)
 		} else {
 			dst = append(dst, `"response"`...)
@@ -432,11 +434,11 @@ func (in *Info) appendTool(dst []byte, raw json.RawMessage, namespace string) []
 		dst = append(dst, ',')
 	}
 	dst = append(dst, `{"type":"function","function":{"name":`...)
-	dst = appendQuoted(dst, tn.chat)
+	dst = jsonscan.AppendQuoted(dst, tn.chat)
 	desc := appendToolDescription(nil, &t)
 	if len(desc) > 0 {
 		dst = append(dst, `,"description":`...)
-		dst = appendQuoted(dst, desc)
+		dst = jsonscan.AppendQuoted(dst, desc)
 	}
 	if t.Type == "custom" {
 		dst = append(dst, `,"parameters":`...)
@@ -451,8 +453,8 @@ func (in *Info) appendTool(dst []byte, raw json.RawMessage, namespace string) []
 // appendToolDescription is the tool's description; a custom tool's grammar
 // or regex goes with it, since the chat model sees no other trace of it.
 func appendToolDescription(dst []byte, t *tool) []byte {
-	dst = appendStringValue(dst, t.Description)
-	if t.Type != "custom" || t.Format == nil || t.Format.Type != "grammar" || !isString(t.Format.Definition) {
+	dst = jsonscan.AppendStringValue(dst, t.Description)
+	if t.Type != "custom" || t.Format == nil || t.Format.Type != "grammar" || !jsonscan.IsString(t.Format.Definition) {
 		return dst
 	}
 	if len(dst) > 0 {
@@ -465,13 +467,13 @@ func appendToolDescription(dst []byte, t *tool) []byte {
 		dst = append(dst, t.Format.Syntax...)
 		dst = append(dst, " grammar:\n"...)
 	}
-	return appendStringValue(dst, t.Format.Definition)
+	return jsonscan.AppendStringValue(dst, t.Format.Definition)
 }
 
 // appendToolChoice maps tool_choice. A choice of a tool that was dropped, or
 // an allowed_tools list (chat has no such restriction), becomes its mode.
 func (in *Info) appendToolChoice(dst []byte, v json.RawMessage) []byte {
-	if isString(v) {
+	if jsonscan.IsString(v) {
 		return append(append(dst, `,"tool_choice":`...), v...)
 	}
 	var c struct {
@@ -487,7 +489,7 @@ func (in *Info) appendToolChoice(dst []byte, v json.RawMessage) []byte {
 	case "function", "custom":
 		if c.Name != "" {
 			dst = append(dst, `,"tool_choice":{"type":"function","function":{"name":`...)
-			dst = appendQuoted(dst, in.chatName(c.Namespace, c.Name))
+			dst = jsonscan.AppendQuoted(dst, in.chatName(c.Namespace, c.Name))
 			return append(dst, `}}`...)
 		}
 	case "allowed_tools":
@@ -525,7 +527,7 @@ func (mb *messageBuilder) flush() {
 	if mb.system_ != nil {
 		mb.comma()
 		mb.out = append(mb.out, `{"role":"system","content":`...)
-		mb.out = appendQuoted(mb.out, mb.system_)
+		mb.out = jsonscan.AppendQuoted(mb.out, mb.system_)
 		mb.out = append(mb.out, '}')
 		mb.system_ = nil
 	}
@@ -554,9 +556,9 @@ func (mb *messageBuilder) open(role string) {
 		mb.asstOpen = true
 		if len(mb.reasoning) > 0 && mb.reasoningField != "" {
 			mb.out = append(mb.out, ',')
-			mb.out = appendQuoted(mb.out, mb.reasoningField)
+			mb.out = jsonscan.AppendQuoted(mb.out, mb.reasoningField)
 			mb.out = append(mb.out, ':')
-			mb.out = appendQuoted(mb.out, mb.reasoning)
+			mb.out = jsonscan.AppendQuoted(mb.out, mb.reasoning)
 		}
 		mb.reasoning = mb.reasoning[:0]
 	}
@@ -572,7 +574,7 @@ func (mb *messageBuilder) system(lit []byte) {
 	} else {
 		mb.system_ = []byte{}
 	}
-	mb.system_ = appendStringValue(mb.system_, lit)
+	mb.system_ = jsonscan.AppendStringValue(mb.system_, lit)
 }
 
 func (mb *messageBuilder) item(raw json.RawMessage) error {
@@ -609,7 +611,7 @@ func (mb *messageBuilder) message(it *item) error {
 	role := it.Role
 	switch role {
 	case "developer", "system":
-		if isString(it.Content) {
+		if jsonscan.IsString(it.Content) {
 			mb.system(it.Content)
 			return nil
 		}
@@ -636,7 +638,7 @@ func (mb *messageBuilder) message(it *item) error {
 	mb.open(role)
 	mb.out = append(mb.out, `,"content":`...)
 	switch {
-	case isString(it.Content):
+	case jsonscan.IsString(it.Content):
 		mb.out = append(mb.out, it.Content...)
 	case present(it.Content):
 		text, parts, err := mb.parts(it.Content, role == "user")
@@ -646,7 +648,7 @@ func (mb *messageBuilder) message(it *item) error {
 		if parts != nil {
 			mb.out = append(mb.out, parts...)
 		} else {
-			mb.out = appendQuoted(mb.out, text)
+			mb.out = jsonscan.AppendQuoted(mb.out, text)
 		}
 	default:
 		mb.out = append(mb.out, `""`...)
@@ -674,14 +676,14 @@ func (mb *messageBuilder) parts(content json.RawMessage, images bool) (text, par
 			if len(text) > 0 {
 				text = append(text, "\n\n"...)
 			}
-			text = appendStringValue(text, p.Text)
+			text = jsonscan.AppendStringValue(text, p.Text)
 		case "refusal":
 			if len(text) > 0 {
 				text = append(text, "\n\n"...)
 			}
-			text = appendStringValue(text, p.Refusal)
+			text = jsonscan.AppendStringValue(text, p.Refusal)
 		case "input_image":
-			if images && isString(p.ImageURL) {
+			if images && jsonscan.IsString(p.ImageURL) {
 				hasImage = true
 			} else {
 				mb.info.DroppedItems = addOnce(mb.info.DroppedItems, "input_image")
@@ -696,7 +698,7 @@ func (mb *messageBuilder) parts(content json.RawMessage, images bool) (text, par
 	parts = append(parts, '[')
 	for i := range ps {
 		p := &ps[i]
-		if len(parts) > 1 && (p.Type == "input_text" || p.Type == "input_image" && isString(p.ImageURL)) {
+		if len(parts) > 1 && (p.Type == "input_text" || p.Type == "input_image" && jsonscan.IsString(p.ImageURL)) {
 			parts = append(parts, ',')
 		}
 		switch p.Type {
@@ -705,12 +707,12 @@ func (mb *messageBuilder) parts(content json.RawMessage, images bool) (text, par
 			parts = append(parts, p.Text...)
 			parts = append(parts, '}')
 		case "input_image":
-			if !isString(p.ImageURL) {
+			if !jsonscan.IsString(p.ImageURL) {
 				continue
 			}
 			parts = append(parts, `{"type":"image_url","image_url":{"url":`...)
 			parts = append(parts, p.ImageURL...)
-			if isString(p.Detail) && !bytes.Equal(p.Detail, []byte(`"auto"`)) {
+			if jsonscan.IsString(p.Detail) && !bytes.Equal(p.Detail, []byte(`"auto"`)) {
 				parts = append(parts, `,"detail":`...)
 				parts = append(parts, p.Detail...)
 			}
@@ -739,20 +741,20 @@ func (mb *messageBuilder) toolCall(it *item) {
 	mb.out = append(mb.out, `{"id":`...)
 	mb.out = appendCallID(mb.out, it.CallID)
 	mb.out = append(mb.out, `,"type":"function","function":{"name":`...)
-	mb.out = appendQuoted(mb.out, mb.info.chatName(it.Namespace, it.Name))
+	mb.out = jsonscan.AppendQuoted(mb.out, mb.info.chatName(it.Namespace, it.Name))
 	mb.out = append(mb.out, `,"arguments":`...)
 	if it.Type == "custom_tool_call" {
 		// {"input": <text>} as a JSON string.
 		var args []byte
 		args = append(args, `{"input":`...)
-		if isString(it.Input) {
+		if jsonscan.IsString(it.Input) {
 			args = append(args, it.Input...)
 		} else {
 			args = append(args, `""`...)
 		}
 		args = append(args, '}')
-		mb.out = appendQuoted(mb.out, args)
-	} else if isString(it.Arguments) {
+		mb.out = jsonscan.AppendQuoted(mb.out, args)
+	} else if jsonscan.IsString(it.Arguments) {
 		mb.out = append(mb.out, it.Arguments...)
 	} else {
 		mb.out = append(mb.out, `"{}"`...)
@@ -761,7 +763,7 @@ func (mb *messageBuilder) toolCall(it *item) {
 }
 
 func appendCallID(dst []byte, id json.RawMessage) []byte {
-	if isString(id) {
+	if jsonscan.IsString(id) {
 		return append(dst, id...)
 	}
 	return append(dst, `""`...)
@@ -777,14 +779,14 @@ func (mb *messageBuilder) toolOutput(it *item) {
 	mb.out = appendCallID(mb.out, it.CallID)
 	mb.out = append(mb.out, `,"content":`...)
 	switch {
-	case isString(it.Output):
+	case jsonscan.IsString(it.Output):
 		mb.out = append(mb.out, it.Output...)
 	case present(it.Output) && it.Output[0] == '[':
 		text, _, err := mb.parts(it.Output, false)
 		if err != nil {
 			text = nil
 		}
-		mb.out = appendQuoted(mb.out, text)
+		mb.out = jsonscan.AppendQuoted(mb.out, text)
 	default:
 		mb.out = append(mb.out, `""`...)
 	}
@@ -806,7 +808,7 @@ func (mb *messageBuilder) addReasoning(it *item) {
 				if len(text) > 0 {
 					text = append(text, '\n')
 				}
-				text = appendStringValue(text, ps[i].Text)
+				text = jsonscan.AppendStringValue(text, ps[i].Text)
 			}
 		}
 	}
@@ -815,7 +817,7 @@ func (mb *messageBuilder) addReasoning(it *item) {
 			if len(text) > 0 {
 				text = append(text, '\n')
 			}
-			text = appendStringValue(text, it.Summary[i].Text)
+			text = jsonscan.AppendStringValue(text, it.Summary[i].Text)
 		}
 	}
 	if len(text) == 0 {

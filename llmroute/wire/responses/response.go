@@ -7,6 +7,8 @@ import (
 	"errors"
 	"strconv"
 	"time"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Usage is the token usage of one answer, in Responses terms.
@@ -43,23 +45,23 @@ func appendUsage(dst []byte, u *Usage, known bool) []byte {
 
 // parseUsage reads a chat usage object.
 func parseUsage(b []byte, u *Usage) bool {
-	return eachMember(b, 0, func(key []byte, vs, ve int) bool {
+	return jsonscan.EachMember(b, 0, func(key []byte, vs, ve int) bool {
 		v := b[vs:ve]
 		switch string(key) {
 		case "prompt_tokens":
-			u.InputTokens = parseUint(v)
+			u.InputTokens = jsonscan.ParseUint(v)
 		case "completion_tokens":
-			u.OutputTokens = parseUint(v)
+			u.OutputTokens = jsonscan.ParseUint(v)
 		case "total_tokens":
-			u.TotalTokens = parseUint(v)
+			u.TotalTokens = jsonscan.ParseUint(v)
 		case "prompt_tokens_details", "completion_tokens_details":
 			if v[0] == '{' {
-				eachMember(v, 0, func(k []byte, s, e int) bool {
+				jsonscan.EachMember(v, 0, func(k []byte, s, e int) bool {
 					switch string(k) {
 					case "cached_tokens":
-						u.CachedTokens = parseUint(v[s:e])
+						u.CachedTokens = jsonscan.ParseUint(v[s:e])
 					case "reasoning_tokens":
-						u.ReasoningTokens = parseUint(v[s:e])
+						u.ReasoningTokens = jsonscan.ParseUint(v[s:e])
 					}
 					return true
 				})
@@ -105,10 +107,10 @@ type head struct {
 }
 
 func (h *head) appendModel(dst []byte) []byte {
-	if isString(h.model) {
+	if jsonscan.IsString(h.model) {
 		return append(dst, h.model...)
 	}
-	return appendQuoted(dst, h.info.Model)
+	return jsonscan.AppendQuoted(dst, h.info.Model)
 }
 
 // Response statuses and why one is incomplete.
@@ -222,10 +224,10 @@ func appendCallItem(dst []byte, x *ids, n int, t *toolName, callID, payload []by
 	}
 	dst = append(dst, payload...)
 	dst = append(dst, `","name":`...)
-	dst = appendQuoted(dst, t.name)
+	dst = jsonscan.AppendQuoted(dst, t.name)
 	if t.namespace != "" {
 		dst = append(dst, `,"namespace":`...)
-		dst = appendQuoted(dst, t.namespace)
+		dst = jsonscan.AppendQuoted(dst, t.namespace)
 	}
 	return append(dst, '}')
 }
@@ -233,7 +235,7 @@ func appendCallItem(dst []byte, x *ids, n int, t *toolName, callID, payload []by
 // appendCallID appends the escaped interior of a call id: the upstream's
 // (raw JSON string) when it gave one, else a generated one.
 func appendCallIDInterior(dst []byte, upstream []byte, x *ids, n int) []byte {
-	if isString(upstream) && len(upstream) > 2 {
+	if jsonscan.IsString(upstream) && len(upstream) > 2 {
 		return append(dst, upstream[1:len(upstream)-1]...)
 	}
 	dst = append(dst, "call_"...)
@@ -251,9 +253,9 @@ func customInput(dst, args []byte) []byte {
 		Input *string `json:"input"`
 	}
 	if json.Unmarshal(args, &v) == nil && v.Input != nil {
-		return appendEscaped(dst, *v.Input)
+		return jsonscan.AppendEscaped(dst, *v.Input)
 	}
-	return appendEscaped(dst, args)
+	return jsonscan.AppendEscaped(dst, args)
 }
 
 // chatCompletion is the part of a chat.completion body FromChat reads.
@@ -311,18 +313,18 @@ func FromChat(dst, chat []byte, info *Info) ([]byte, error) {
 		n++
 	}
 	reasoning := m.ReasoningContent
-	if !isString(reasoning) || len(reasoning) == 2 {
+	if !jsonscan.IsString(reasoning) || len(reasoning) == 2 {
 		reasoning = m.Reasoning
 	}
-	if isString(reasoning) && len(reasoning) > 2 {
+	if jsonscan.IsString(reasoning) && len(reasoning) > 2 {
 		item()
 		out = appendReasoningItem(out, &x, n-1, reasoning[1:len(reasoning)-1], true)
 	}
 	text := m.Content
-	if !isString(text) || len(text) == 2 {
+	if !jsonscan.IsString(text) || len(text) == 2 {
 		text = m.Refusal
 	}
-	if isString(text) && len(text) > 2 {
+	if jsonscan.IsString(text) && len(text) > 2 {
 		item()
 		itemStatus := statusCompleted
 		if status == statusIncomplete {
@@ -335,13 +337,13 @@ func FromChat(dst, chat []byte, info *Info) ([]byte, error) {
 		t := info.lookup([]byte(tc.Function.Name))
 		var args []byte // escaped interior
 		switch {
-		case isString(tc.Function.Arguments):
+		case jsonscan.IsString(tc.Function.Arguments):
 			args = tc.Function.Arguments[1 : len(tc.Function.Arguments)-1]
 		case present(tc.Function.Arguments): // an object instead of a string
-			args = appendEscaped(nil, tc.Function.Arguments)
+			args = jsonscan.AppendEscaped(nil, tc.Function.Arguments)
 		}
 		if t.kind == kindCustom {
-			args = customInput(nil, appendUnescape(nil, args))
+			args = customInput(nil, jsonscan.AppendUnescape(nil, args))
 		}
 		item()
 		callID := appendCallIDInterior(nil, tc.ID, &x, n-1)

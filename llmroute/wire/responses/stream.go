@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Stream translates a chat completion SSE stream into the Responses event
@@ -170,9 +172,9 @@ func (s *Stream) Fail(code, message string) error {
 	}
 	s.start()
 	s.tmp = append(s.tmp[:0], `{"code":`...)
-	s.tmp = appendQuoted(s.tmp, code)
+	s.tmp = jsonscan.AppendQuoted(s.tmp, code)
 	s.tmp = append(s.tmp, `,"message":`...)
-	s.tmp = appendQuoted(s.tmp, message)
+	s.tmp = jsonscan.AppendQuoted(s.tmp, message)
 	s.tmp = append(s.tmp, '}')
 	s.begin("response.failed")
 	s.ev = append(s.ev, `,"response":`...)
@@ -216,7 +218,7 @@ func (s *Stream) dispatch(d []byte) {
 		return // not a chunk; nothing a client could use
 	}
 	var choices, usage, errv []byte
-	eachMember(d, 0, func(key []byte, vs, ve int) bool {
+	jsonscan.EachMember(d, 0, func(key []byte, vs, ve int) bool {
 		v := d[vs:ve]
 		switch string(key) {
 		case "choices":
@@ -226,7 +228,7 @@ func (s *Stream) dispatch(d []byte) {
 				usage = v
 			}
 		case "model":
-			if !s.started && isString(v) {
+			if !s.started && jsonscan.IsString(v) {
 				s.model = append(s.model[:0], v...)
 				s.h.model = s.model
 			}
@@ -241,7 +243,7 @@ func (s *Stream) dispatch(d []byte) {
 	}
 	s.start()
 	if choices != nil {
-		eachElem(choices, 0, func(vs, ve int) bool {
+		jsonscan.EachElem(choices, 0, func(vs, ve int) bool {
 			s.choice(choices[vs:ve])
 			return false // the first choice only: Responses has one output
 		})
@@ -255,22 +257,22 @@ func (s *Stream) dispatch(d []byte) {
 func (s *Stream) failFromChunk(errv []byte) {
 	code, msg := []byte("upstream_error"), []byte("upstream error")
 	if errv[0] == '{' {
-		eachMember(errv, 0, func(key []byte, vs, ve int) bool {
+		jsonscan.EachMember(errv, 0, func(key []byte, vs, ve int) bool {
 			v := errv[vs:ve]
 			switch string(key) {
 			case "message":
-				if isString(v) {
-					msg = appendStringValue(nil, v)
+				if jsonscan.IsString(v) {
+					msg = jsonscan.AppendStringValue(nil, v)
 				}
 			case "code":
-				if isString(v) && len(v) > 2 {
-					code = appendStringValue(nil, v)
+				if jsonscan.IsString(v) && len(v) > 2 {
+					code = jsonscan.AppendStringValue(nil, v)
 				}
 			}
 			return true
 		})
-	} else if isString(errv) {
-		msg = appendStringValue(nil, errv)
+	} else if jsonscan.IsString(errv) {
+		msg = jsonscan.AppendStringValue(nil, errv)
 	}
 	_ = s.Fail(string(code), string(msg))
 }
@@ -280,14 +282,14 @@ func (s *Stream) choice(c []byte) {
 		return
 	}
 	var delta []byte
-	eachMember(c, 0, func(key []byte, vs, ve int) bool {
+	jsonscan.EachMember(c, 0, func(key []byte, vs, ve int) bool {
 		v := c[vs:ve]
 		switch string(key) {
 		case "delta":
 			delta = v
 		case "finish_reason":
-			if isString(v) {
-				s.finish = appendStringValue(s.finish[:0], v)
+			if jsonscan.IsString(v) {
+				s.finish = jsonscan.AppendStringValue(s.finish[:0], v)
 			}
 		}
 		return true
@@ -296,19 +298,19 @@ func (s *Stream) choice(c []byte) {
 		return
 	}
 	var reasoning, content, calls []byte
-	eachMember(delta, 0, func(key []byte, vs, ve int) bool {
+	jsonscan.EachMember(delta, 0, func(key []byte, vs, ve int) bool {
 		v := delta[vs:ve]
 		switch string(key) {
 		case "reasoning_content":
-			if isString(v) && len(v) > 2 {
+			if jsonscan.IsString(v) && len(v) > 2 {
 				reasoning = v
 			}
 		case "reasoning":
-			if reasoning == nil && isString(v) && len(v) > 2 {
+			if reasoning == nil && jsonscan.IsString(v) && len(v) > 2 {
 				reasoning = v
 			}
 		case "content", "refusal":
-			if isString(v) && len(v) > 2 {
+			if jsonscan.IsString(v) && len(v) > 2 {
 				content = v
 			}
 		case "tool_calls":
@@ -323,7 +325,7 @@ func (s *Stream) choice(c []byte) {
 		s.textDelta(itemMessage, content[1:len(content)-1])
 	}
 	if calls != nil {
-		eachElem(calls, 0, func(vs, ve int) bool {
+		jsonscan.EachElem(calls, 0, func(vs, ve int) bool {
 			s.toolDelta(calls[vs:ve])
 			return true
 		})
@@ -498,16 +500,16 @@ func (s *Stream) toolDelta(el []byte) {
 	}
 	var index int64
 	var id, name, args []byte
-	eachMember(el, 0, func(key []byte, vs, ve int) bool {
+	jsonscan.EachMember(el, 0, func(key []byte, vs, ve int) bool {
 		v := el[vs:ve]
 		switch string(key) {
 		case "index":
-			index = parseUint(v)
+			index = jsonscan.ParseUint(v)
 		case "id":
 			id = v
 		case "function":
 			if v[0] == '{' {
-				eachMember(v, 0, func(k []byte, fs, fe int) bool {
+				jsonscan.EachMember(v, 0, func(k []byte, fs, fe int) bool {
 					switch string(k) {
 					case "name":
 						name = v[fs:fe]
@@ -532,12 +534,12 @@ func (s *Stream) toolDelta(el []byte) {
 		ti = s.openTool(index, id, name)
 	}
 	t := &s.tools[ti]
-	if t.closed || !isString(args) || len(args) == 2 {
+	if t.closed || !jsonscan.IsString(args) || len(args) == 2 {
 		return
 	}
 	piece := args[1 : len(args)-1]
 	if t.name.kind == kindCustom {
-		t.dec = appendUnescape(t.dec, piece)
+		t.dec = jsonscan.AppendUnescape(t.dec, piece)
 		s.streamInput(t)
 		return
 	}
@@ -556,7 +558,7 @@ func (s *Stream) openTool(index int64, id, name []byte) int {
 	t := &s.tools[ti]
 	*t = toolState{index: index, outIdx: s.nItems}
 	s.nItems++
-	s.tmp = appendStringValue(s.tmp[:0], name)
+	s.tmp = jsonscan.AppendStringValue(s.tmp[:0], name)
 	t.name = s.info.lookup(s.tmp)
 	t.callID = appendCallIDInterior(t.callID[:0], id, &s.ids, t.outIdx)
 	s.cur, s.curIdx, s.open = itemTool, t.outIdx, ti
@@ -589,7 +591,7 @@ func (s *Stream) streamInput(t *toolState) {
 	}
 	end, closed := stringSoFar(t.dec, t.pos)
 	if end > t.pos {
-		s.tmp = appendUnescape(s.tmp[:0], t.dec[t.pos:end])
+		s.tmp = jsonscan.AppendUnescape(s.tmp[:0], t.dec[t.pos:end])
 		s.inputDelta(t, s.tmp, true)
 	}
 	t.pos = end
@@ -603,7 +605,7 @@ func (s *Stream) streamInput(t *toolState) {
 func (s *Stream) inputDelta(t *toolState, text []byte, decoded bool) {
 	start := len(t.streamed)
 	if decoded {
-		t.streamed = appendEscaped(t.streamed, text)
+		t.streamed = jsonscan.AppendEscaped(t.streamed, text)
 	} else {
 		t.streamed = append(t.streamed, text...)
 	}
@@ -634,7 +636,7 @@ func (s *Stream) closeTool(t *toolState) {
 		s.begin("response.function_call_arguments.done")
 		s.itemRef("fc", t.outIdx, false)
 		s.ev = append(s.ev, `,"name":`...)
-		s.ev = appendQuoted(s.ev, t.name.name)
+		s.ev = jsonscan.AppendQuoted(s.ev, t.name.name)
 		s.ev = append(s.ev, `,"arguments":"`...)
 	}
 	s.ev = append(s.ev, payload...)
@@ -674,14 +676,14 @@ const (
 // inputPrefix matches `{ "input" : "` (with any white space) at the start of
 // b and returns the index after the opening quote of the value.
 func inputPrefix(b []byte) (int, int) {
-	i := skipWS(b, 0)
+	i := jsonscan.SkipWS(b, 0)
 	if i == len(b) {
 		return 0, prefixNeedMore
 	}
 	if b[i] != '{' {
 		return 0, prefixMismatch
 	}
-	i = skipWS(b, i+1)
+	i = jsonscan.SkipWS(b, i+1)
 	const key = `"input"`
 	for k := 0; k < len(key); k++ {
 		if i+k == len(b) {
@@ -691,14 +693,14 @@ func inputPrefix(b []byte) (int, int) {
 			return 0, prefixMismatch
 		}
 	}
-	i = skipWS(b, i+len(key))
+	i = jsonscan.SkipWS(b, i+len(key))
 	if i == len(b) {
 		return 0, prefixNeedMore
 	}
 	if b[i] != ':' {
 		return 0, prefixMismatch
 	}
-	i = skipWS(b, i+1)
+	i = jsonscan.SkipWS(b, i+1)
 	if i == len(b) {
 		return 0, prefixNeedMore
 	}
@@ -722,7 +724,7 @@ func stringSoFar(b []byte, i int) (end int, closed bool) {
 			if i+1 < len(b) && b[i+1] == 'u' {
 				need = 6
 				if i+6 <= len(b) {
-					if r, ok := hex4(b[i+2:]); ok && r >= 0xd800 && r < 0xdc00 {
+					if r, ok := jsonscan.Hex4(b[i+2:]); ok && r >= 0xd800 && r < 0xdc00 {
 						// A high surrogate: see whether a low one follows.
 						switch {
 						case i+6 == len(b), i+7 == len(b) && b[i+6] == '\\':

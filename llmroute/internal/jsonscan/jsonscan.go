@@ -1,15 +1,15 @@
-package transform
+// Package jsonscan is a small allocation-free JSON scanner over raw bytes,
+// shared by llmroute/transform and the wire translators. Its users never
+// unmarshal a whole body: they walk the bytes, record the spans they care
+// about and copy everything else verbatim, so key order, whitespace and
+// number formatting survive untouched. It imports only the standard library.
+package jsonscan
 
 import (
 	"bytes"
 	"unicode/utf8"
 )
 
-// This file holds a small allocation-free JSON scanner over raw bytes. The rest
-// of the package never unmarshals a whole body: it walks the bytes, records the
-// spans it cares about and copies everything else verbatim, so key order,
-// whitespace and number formatting survive untouched.
-//
 // Two modes exist. strict validates exactly what encoding/json's json.Valid
 // accepts (grammar, escapes, control characters, nesting depth 10000; invalid
 // UTF-8 is accepted, as json.Valid does). fast trusts that the input was already
@@ -17,9 +17,9 @@ import (
 // string ends; on malformed input it still never reads out of bounds and
 // reports failure when the structure cannot be followed.
 
-// maxDepth mirrors encoding/json's nesting limit so strict mode agrees with
+// MaxDepth mirrors encoding/json's nesting limit so strict mode agrees with
 // json.Valid, and bounds recursion on hostile input in both modes.
-const maxDepth = 10000
+const MaxDepth = 10000
 
 // strPlain[c] is true for bytes that may appear unescaped inside a JSON string
 // and need no attention from the strict scanner.
@@ -45,7 +45,8 @@ var hexVal = func() (t [256]byte) {
 	return t
 }()
 
-func skipWS(b []byte, i int) int {
+// SkipWS returns the index of the first non-whitespace byte at or after b[i].
+func SkipWS(b []byte, i int) int {
 	for i < len(b) {
 		switch b[i] {
 		case ' ', '\n', '\r', '\t':
@@ -57,10 +58,10 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
-// scanString returns the index just past the closing quote of the string whose
+// ScanString returns the index just past the closing quote of the string whose
 // opening quote is at b[i], and whether the string contains escapes (so its raw
 // bytes differ from its decoded value).
-func scanString(b []byte, i int, strict bool) (end int, esc bool, ok bool) {
+func ScanString(b []byte, i int, strict bool) (end int, esc bool, ok bool) {
 	if strict {
 		return scanStringStrict(b, i)
 	}
@@ -151,21 +152,21 @@ func scanStringFast(b []byte, i int) (int, bool, bool) {
 	}
 }
 
-// skipValue returns the index just past the JSON value starting at b[i] (no
+// SkipValue returns the index just past the JSON value starting at b[i] (no
 // leading whitespace).
-func skipValue(b []byte, i int, strict bool, depth int) (int, bool) {
+func SkipValue(b []byte, i int, strict bool, depth int) (int, bool) {
 	if i >= len(b) {
 		return 0, false
 	}
 	switch c := b[i]; c {
 	case '"':
-		end, _, ok := scanString(b, i, strict)
+		end, _, ok := ScanString(b, i, strict)
 		return end, ok
 	case '{':
-		if depth >= maxDepth {
+		if depth >= MaxDepth {
 			return 0, false
 		}
-		i = skipWS(b, i+1)
+		i = SkipWS(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return i + 1, true
 		}
@@ -173,19 +174,19 @@ func skipValue(b []byte, i int, strict bool, depth int) (int, bool) {
 			if i >= len(b) || b[i] != '"' {
 				return 0, false
 			}
-			end, _, ok := scanString(b, i, strict)
+			end, _, ok := ScanString(b, i, strict)
 			if !ok {
 				return 0, false
 			}
-			i = skipWS(b, end)
+			i = SkipWS(b, end)
 			if i >= len(b) || b[i] != ':' {
 				return 0, false
 			}
-			i = skipWS(b, i+1)
-			if i, ok = skipValue(b, i, strict, depth+1); !ok {
+			i = SkipWS(b, i+1)
+			if i, ok = SkipValue(b, i, strict, depth+1); !ok {
 				return 0, false
 			}
-			i = skipWS(b, i)
+			i = SkipWS(b, i)
 			if i >= len(b) {
 				return 0, false
 			}
@@ -195,22 +196,22 @@ func skipValue(b []byte, i int, strict bool, depth int) (int, bool) {
 			if b[i] != ',' {
 				return 0, false
 			}
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		}
 	case '[':
-		if depth >= maxDepth {
+		if depth >= MaxDepth {
 			return 0, false
 		}
-		i = skipWS(b, i+1)
+		i = SkipWS(b, i+1)
 		if i < len(b) && b[i] == ']' {
 			return i + 1, true
 		}
 		for {
 			var ok bool
-			if i, ok = skipValue(b, i, strict, depth+1); !ok {
+			if i, ok = SkipValue(b, i, strict, depth+1); !ok {
 				return 0, false
 			}
-			i = skipWS(b, i)
+			i = SkipWS(b, i)
 			if i >= len(b) {
 				return 0, false
 			}
@@ -220,7 +221,7 @@ func skipValue(b []byte, i int, strict bool, depth int) (int, bool) {
 			if b[i] != ',' {
 				return 0, false
 			}
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		}
 	case 't':
 		return skipLit(b, i, "true")
@@ -295,47 +296,54 @@ func skipDigits(b []byte, i int) int {
 	return i
 }
 
-// validJSON reports whether b is exactly one JSON value with optional
+// Valid reports whether b is exactly one JSON value with optional
 // surrounding whitespace; it agrees with encoding/json's json.Valid.
-func validJSON(b []byte) bool {
-	i := skipWS(b, 0)
-	end, ok := skipValue(b, i, true, 0)
-	return ok && skipWS(b, end) == len(b)
+func Valid(b []byte) bool {
+	i := SkipWS(b, 0)
+	end, ok := SkipValue(b, i, true, 0)
+	return ok && SkipWS(b, end) == len(b)
 }
 
-// member is one "key": value pair of an object, as spans into the buffer.
+// Member is one "key": value pair of an object, as spans into the buffer.
 // The key span excludes the quotes; the value span is the raw value.
-type member struct {
-	ks, ke int  // key interior
-	kesc   bool // key contains escapes: compare decoded
-	vs, ve int  // value
+type Member struct {
+	Ks, Ke int  // key interior
+	Kesc   bool // key contains escapes: compare decoded
+	Vs, Ve int  // value
 }
 
-// objIter walks the members of one object without allocating.
-type objIter struct {
+// ObjIter walks the members of one object without allocating.
+type ObjIter struct {
 	b      []byte
 	i      int
 	strict bool
 	depth  int
 	first  bool
 	ok     bool // false once malformed input was seen
-	close  int  // index of the closing '}' once next returned false with ok
 }
 
-// iterObject starts iterating the object whose '{' is at b[start].
-func iterObject(b []byte, start int, strict bool) objIter {
-	it := objIter{b: b, i: start + 1, strict: strict, first: true, ok: start < len(b) && b[start] == '{'}
+// IterObject starts iterating the object whose '{' is at b[start].
+func IterObject(b []byte, start int, strict bool) ObjIter {
+	it := ObjIter{b: b, i: start + 1, strict: strict, first: true, ok: start < len(b) && b[start] == '{'}
 	return it
 }
 
-// next fills m with the next member. It returns false at the end of the object
-// or on malformed input; check it.ok to tell them apart.
-func (it *objIter) next(m *member) bool {
+// OK reports whether no malformed input was seen so far; after Next returned
+// false it tells the end of the object from an error.
+func (it *ObjIter) OK() bool { return it.ok }
+
+// Pos is the index just past the last member read, or just past the closing
+// '}' once Next returned false with OK.
+func (it *ObjIter) Pos() int { return it.i }
+
+// Next fills m with the next member. It returns false at the end of the object
+// or on malformed input; check OK to tell them apart.
+func (it *ObjIter) Next(m *Member) bool {
 	if !it.ok {
 		return false
 	}
 	b := it.b
-	i := skipWS(b, it.i)
+	i := SkipWS(b, it.i)
 	if i >= len(b) {
 		it.ok = false
 		return false
@@ -343,18 +351,16 @@ func (it *objIter) next(m *member) bool {
 	if it.first {
 		it.first = false
 		if b[i] == '}' {
-			it.close = i
 			it.i = i + 1
 			return false
 		}
 	} else {
 		switch b[i] {
 		case '}':
-			it.close = i
 			it.i = i + 1
 			return false
 		case ',':
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		default:
 			it.ok = false
 			return false
@@ -364,49 +370,70 @@ func (it *objIter) next(m *member) bool {
 		it.ok = false
 		return false
 	}
-	end, esc, ok := scanString(b, i, it.strict)
+	end, esc, ok := ScanString(b, i, it.strict)
 	if !ok {
 		it.ok = false
 		return false
 	}
-	m.ks, m.ke, m.kesc = i+1, end-1, esc
-	i = skipWS(b, end)
+	m.Ks, m.Ke, m.Kesc = i+1, end-1, esc
+	i = SkipWS(b, end)
 	if i >= len(b) || b[i] != ':' {
 		it.ok = false
 		return false
 	}
-	i = skipWS(b, i+1)
-	m.vs = i
-	if i, ok = skipValue(b, i, it.strict, it.depth+1); !ok {
+	i = SkipWS(b, i+1)
+	m.Vs = i
+	if i, ok = SkipValue(b, i, it.strict, it.depth+1); !ok {
 		it.ok = false
 		return false
 	}
-	m.ve = i
+	m.Ve = i
 	it.i = i
 	return true
 }
 
-// arrIter walks the elements of one array without allocating.
-type arrIter struct {
+// ArrIter walks the elements of one array without allocating.
+type ArrIter struct {
 	b      []byte
 	i      int
 	strict bool
 	first  bool
+	atElem bool // i is at an element, not after '[' (see ResumeArray)
 	ok     bool
 }
 
-func iterArray(b []byte, start int, strict bool) arrIter {
-	return arrIter{b: b, i: start + 1, strict: strict, first: true, ok: start < len(b) && b[start] == '['}
+// IterArray starts iterating the array whose '[' is at b[start].
+func IterArray(b []byte, start int, strict bool) ArrIter {
+	return ArrIter{b: b, i: start + 1, strict: strict, first: true, ok: start < len(b) && b[start] == '['}
 }
 
-// next returns the span of the next element; false at the end or on malformed
-// input (then it.ok is false).
-func (it *arrIter) next() (vs, ve int, more bool) {
+// ResumeArray iterates an array from its element starting at b[at] (a span
+// an earlier walk returned), to resume a walk in the middle of an array.
+func ResumeArray(b []byte, at int, strict bool) ArrIter {
+	return ArrIter{b: b, i: at, strict: strict, first: true, atElem: true, ok: true}
+}
+
+// OK reports whether no malformed input was seen so far.
+func (it *ArrIter) OK() bool { return it.ok }
+
+// Next returns the span of the next element; false at the end or on malformed
+// input (then OK is false).
+func (it *ArrIter) Next() (vs, ve int, more bool) {
 	if !it.ok {
 		return 0, 0, false
 	}
 	b := it.b
-	i := skipWS(b, it.i)
+	i := SkipWS(b, it.i)
+	if it.first && it.atElem {
+		it.first = false
+		end, ok := SkipValue(b, i, it.strict, 1)
+		if !ok {
+			it.ok = false
+			return 0, 0, false
+		}
+		it.i = end
+		return i, end, true
+	}
 	if i >= len(b) {
 		it.ok = false
 		return 0, 0, false
@@ -423,13 +450,13 @@ func (it *arrIter) next() (vs, ve int, more bool) {
 			it.i = i + 1
 			return 0, 0, false
 		case ',':
-			i = skipWS(b, i+1)
+			i = SkipWS(b, i+1)
 		default:
 			it.ok = false
 			return 0, 0, false
 		}
 	}
-	end, ok := skipValue(b, i, it.strict, 1)
+	end, ok := SkipValue(b, i, it.strict, 1)
 	if !ok {
 		it.ok = false
 		return 0, 0, false
@@ -438,21 +465,21 @@ func (it *arrIter) next() (vs, ve int, more bool) {
 	return i, end, true
 }
 
-// keyIs reports whether the member's decoded key equals want.
-func keyIs(b []byte, m *member, want string) bool {
-	raw := b[m.ks:m.ke]
-	if !m.kesc {
+// KeyIs reports whether the member's decoded key equals want.
+func KeyIs(b []byte, m *Member, want string) bool {
+	raw := b[m.Ks:m.Ke]
+	if !m.Kesc {
 		return string(raw) == want
 	}
 	if len(raw) < len(want) { // decoding only ever shrinks
 		return false
 	}
 	var tmp [64]byte
-	return string(appendUnescape(tmp[:0], raw)) == want
+	return string(AppendUnescape(tmp[:0], raw)) == want
 }
 
-// strIs reports whether the raw JSON string value v decodes to want.
-func strIs(v []byte, esc bool, want string) bool {
+// StrIs reports whether the raw JSON string value v decodes to want.
+func StrIs(v []byte, esc bool, want string) bool {
 	if len(v) < 2 || v[0] != '"' {
 		return false
 	}
@@ -461,13 +488,13 @@ func strIs(v []byte, esc bool, want string) bool {
 		return string(raw) == want
 	}
 	var tmp [64]byte
-	return string(appendUnescape(tmp[:0], raw)) == want
+	return string(AppendUnescape(tmp[:0], raw)) == want
 }
 
-// appendUnescape appends the decoded form of a JSON string interior (no
+// AppendUnescape appends the decoded form of a JSON string interior (no
 // quotes). Lone or malformed surrogate escapes become U+FFFD as in
 // encoding/json; raw bytes are copied as they are.
-func appendUnescape(dst, raw []byte) []byte {
+func AppendUnescape(dst, raw []byte) []byte {
 	for {
 		k := bytes.IndexByte(raw, '\\')
 		if k < 0 {
@@ -490,7 +517,7 @@ func appendUnescape(dst, raw []byte) []byte {
 		case 't':
 			dst = append(dst, '\t')
 		case 'u':
-			r, ok := hex4(raw[2:])
+			r, ok := Hex4(raw[2:])
 			if !ok {
 				return dst
 			}
@@ -498,7 +525,7 @@ func appendUnescape(dst, raw []byte) []byte {
 			if r >= 0xd800 && r < 0xdc00 {
 				// High surrogate: needs a low one right after it.
 				if len(raw) >= 6 && raw[0] == '\\' && raw[1] == 'u' {
-					if r2, ok := hex4(raw[2:]); ok && r2 >= 0xdc00 && r2 < 0xe000 {
+					if r2, ok := Hex4(raw[2:]); ok && r2 >= 0xdc00 && r2 < 0xe000 {
 						dst = utf8.AppendRune(dst, (r-0xd800)<<10|(r2-0xdc00)+0x10000)
 						raw = raw[6:]
 						continue
@@ -517,7 +544,8 @@ func appendUnescape(dst, raw []byte) []byte {
 	}
 }
 
-func hex4(b []byte) (rune, bool) {
+// Hex4 decodes the four hex digits at the start of b (the XXXX of \uXXXX).
+func Hex4(b []byte) (rune, bool) {
 	if len(b) < 4 {
 		return 0, false
 	}
@@ -540,17 +568,18 @@ var strEsc = func() (t [128]bool) {
 
 const hexDigits = "0123456789abcdef"
 
-// appendQuoted appends s as a JSON string literal. No HTML escaping is done;
-// invalid UTF-8 becomes U+FFFD so the output is always valid UTF-8 and JSON.
-func appendQuoted(dst, s []byte) []byte {
+// AppendQuoted appends s (a string or bytes) as a JSON string literal. No
+// HTML escaping is done; invalid UTF-8 becomes U+FFFD so the output is always
+// valid UTF-8 and JSON.
+func AppendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = append(dst, '"')
-	dst = appendEscaped(dst, s)
+	dst = AppendEscaped(dst, s)
 	return append(dst, '"')
 }
 
-// appendEscaped appends the JSON-escaped form of s (a string or bytes)
+// AppendEscaped appends the JSON-escaped form of s (a string or bytes)
 // without quotes. Invalid UTF-8 becomes U+FFFD, as encoding/json does.
-func appendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
+func AppendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -590,26 +619,130 @@ func appendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
 	return append(dst, s[start:]...)
 }
 
-// appendQuotedString is appendQuoted for a string without converting it.
-func appendQuotedString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	dst = appendEscaped(dst, s)
-	return append(dst, '"')
-}
-
-// twoMembers finds the members named k1 and k2 of the object starting at
-// b[start]; a member that is absent has vs == -1. ok reports a well-formed
+// TwoMembers finds the members named k1 and k2 of the object starting at
+// b[start]; a member that is absent has Vs == -1. ok reports a well-formed
 // object.
-func twoMembers(b []byte, start int, k1, k2 string) (m1, m2 member, ok bool) {
-	it := iterObject(b, start, false)
-	var m member
-	m1.vs, m2.vs = -1, -1
-	for it.next(&m) {
-		if keyIs(b, &m, k1) {
+func TwoMembers(b []byte, start int, k1, k2 string) (m1, m2 Member, ok bool) {
+	it := IterObject(b, start, false)
+	var m Member
+	m1.Vs, m2.Vs = -1, -1
+	for it.Next(&m) {
+		if KeyIs(b, &m, k1) {
 			m1 = m
-		} else if keyIs(b, &m, k2) {
+		} else if KeyIs(b, &m, k2) {
 			m2 = m
 		}
 	}
 	return m1, m2, it.ok
+}
+
+// KeyOf returns the decoded key of m, using tmp for escaped keys.
+func KeyOf(b []byte, m *Member, tmp []byte) []byte {
+	raw := b[m.Ks:m.Ke]
+	if !m.Kesc {
+		return raw
+	}
+	return AppendUnescape(tmp[:0], raw)
+}
+
+// ObjSpan returns the span of the value of key in the object obj (which
+// starts at obj[0]); vs is -1 when the key is absent. When a key repeats, the
+// last occurrence wins, as in encoding/json.
+func ObjSpan(obj []byte, key string) (vs, ve int) {
+	vs = -1
+	it := IterObject(obj, 0, false)
+	var m Member
+	for it.Next(&m) {
+		if KeyIs(obj, &m, key) {
+			vs, ve = m.Vs, m.Ve
+		}
+	}
+	return vs, ve
+}
+
+// ObjGet returns the raw value of key in the object obj, or nil.
+func ObjGet(obj []byte, key string) []byte {
+	if len(obj) == 0 || obj[0] != '{' {
+		return nil
+	}
+	vs, ve := ObjSpan(obj, key)
+	if vs < 0 {
+		return nil
+	}
+	return obj[vs:ve]
+}
+
+// NumberOrNil returns v when it is a JSON number, else nil.
+func NumberOrNil(v []byte) []byte {
+	if len(v) > 0 && (v[0] == '-' || v[0] >= '0' && v[0] <= '9') {
+		return v
+	}
+	return nil
+}
+
+// IsEmptyArray reports whether v is a JSON array with no elements.
+func IsEmptyArray(v []byte) bool {
+	return len(v) > 0 && v[0] == '[' && SkipWS(v, 1) < len(v) && v[SkipWS(v, 1)] == ']'
+}
+
+// IsString reports whether v is a JSON string literal.
+func IsString(v []byte) bool { return len(v) >= 2 && v[0] == '"' }
+
+// AppendStringValue appends the decoded value of the JSON string literal v;
+// anything else appends nothing.
+func AppendStringValue(dst, v []byte) []byte {
+	if !IsString(v) {
+		return dst
+	}
+	return AppendUnescape(dst, v[1:len(v)-1])
+}
+
+// ParseUint reads a non-negative JSON integer (a fraction or exponent is cut
+// off); anything else is 0. Values past 2^62 saturate.
+func ParseUint(v []byte) int64 {
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			if c == '.' || c == 'e' || c == 'E' {
+				break
+			}
+			return 0
+		}
+		if n > (1<<62)/10 {
+			return n
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n
+}
+
+// EachMember calls fn for every member of the object at b[start] (leading
+// white space allowed) with the raw key (no quotes, escapes not decoded) and
+// the value's span, in fast mode. It reports false on malformed input or when
+// fn returns false.
+func EachMember(b []byte, start int, fn func(key []byte, vs, ve int) bool) bool {
+	it := IterObject(b, SkipWS(b, start), false)
+	var m Member
+	for it.Next(&m) {
+		if !fn(b[m.Ks:m.Ke], m.Vs, m.Ve) {
+			return false
+		}
+	}
+	return it.ok
+}
+
+// EachElem calls fn for every element span of the array at b[start] (leading
+// white space allowed), in fast mode. It reports false on malformed input or
+// when fn returns false.
+func EachElem(b []byte, start int, fn func(vs, ve int) bool) bool {
+	it := IterArray(b, SkipWS(b, start), false)
+	for {
+		vs, ve, more := it.Next()
+		if !more {
+			return it.ok
+		}
+		if !fn(vs, ve) {
+			return false
+		}
+	}
 }
