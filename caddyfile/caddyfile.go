@@ -35,6 +35,7 @@ func init() {
 //	    cors                <origin>|* [<origin>...]
 //	    max_rewrite_size    <size>
 //	    client_write_timeout <duration>
+//	    route_headers       [true|false]
 //
 //	    provider <id> {
 //	        url                 <base url>
@@ -202,7 +203,7 @@ func (p *parser) handler() error {
 		case "model":
 			err = p.model()
 		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
-			"client_write_timeout", "max_request_body", "queue_size", "cors", "max_rewrite_size":
+			"client_write_timeout", "max_request_body", "queue_size", "cors", "max_rewrite_size", "route_headers":
 			if err = seen.once(d, "", name); err != nil {
 				return err
 			}
@@ -248,6 +249,10 @@ func (p *parser) handlerSetting(name string) error {
 		h.MaxRewriteSize, err = p.size("", name)
 	case "cors":
 		h.CORS, err = p.args("", name, 1, -1)
+	case "route_headers":
+		var on bool
+		on, err = p.flag("", name)
+		h.RouteHeaders = &on
 	}
 	return err
 }

@@ -479,8 +479,11 @@ func expectAPIError(t testing.TB, resp *http.Response, status int, code string) 
 	if err := json.Unmarshal([]byte(body), &raw); err != nil {
 		t.Fatalf("error body is not the OpenAI shape: %v: %s", err, body)
 	}
-	if len(raw) != 1 || len(raw["error"]) != 3 {
-		t.Fatalf("error body has other fields than error.{message,type,code}: %s", body)
+	if len(raw) != 1 || len(raw["error"]) != 4 {
+		t.Fatalf("error body has other fields than error.{message,type,code,param}: %s", body)
+	}
+	if p, ok := raw["error"]["param"]; !ok || p != nil {
+		t.Fatalf("error body lacks \"param\": null: %s", body)
 	}
 	for _, k := range []string{"message", "type", "code"} {
 		if s, ok := raw["error"][k].(string); !ok || s == "" {

@@ -69,7 +69,7 @@ func (e apiError) write(w http.ResponseWriter) {
 	body = appendJSONString(body, e.typ)
 	body = append(body, `,"code":`...)
 	body = appendJSONString(body, e.code)
-	body = append(body, "}}\n"...)
+	body = append(body, `,"param":null}}`+"\n"...)
 	hdr := w.Header()
 	hdr.Set("Cache-Control", "no-store")
 	if e.retryAfter > 0 {

@@ -92,6 +92,12 @@ type Handler struct {
 	// Default 30s; 0 disables (request_timeout still applies).
 	ClientWriteTimeout *Duration `json:"client_write_timeout,omitempty"`
 
+	// RouteHeaders adds X-LLM-Route-Upstream (the upstream that answered),
+	// X-LLM-Route-Attempts and, on the proxy's own 503s,
+	// X-LLM-Route-Skipped (why each upstream was passed over) to responses.
+	// Default true; false sends none of them.
+	RouteHeaders *bool `json:"route_headers,omitempty"`
+
 	ctx       caddy.Context
 	logger    *zap.Logger
 	metrics   *routeMetrics
@@ -113,6 +119,7 @@ type Handler struct {
 	clientWrite    time.Duration
 	maxBody        int64
 	maxRewrite     int64
+	routeHeaders   bool
 
 	corsAny     bool     // cors lists "*"
 	corsOrigins []string // the other listed origins

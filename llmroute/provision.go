@@ -116,6 +116,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.retryAfterMax = durationOr(defaultRetryAfterMax, h.RetryAfterMax)
 	h.heartbeat = durationOr(defaultHeartbeat, h.HeartbeatInterval)
+	h.routeHeaders = h.RouteHeaders == nil || *h.RouteHeaders
 	h.clientWrite = durationOr(defaultClientWrite, h.ClientWriteTimeout)
 
 	providers := make(map[string]*Provider, len(h.Providers))

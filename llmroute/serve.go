@@ -33,6 +33,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if (h.corsAny || len(h.corsOrigins) > 0) && h.cors(w, r) {
 		return nil
 	}
+	setRequestID(w, r)
 	if f == frontUnsupported || f >= frontMessages {
 		errUnsupported.write(w)
 		return nil
@@ -107,6 +108,9 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 		if apiErr == errClientGone {
 			return caddyhttp.Error(499, errClientClosed)
 		}
+		if apiErr.status == http.StatusServiceUnavailable {
+			h.setSkipped(w, rt, nil)
+		}
 		apiErr.write(w)
 		return nil
 	}
@@ -119,6 +123,7 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 			repl.Set("http.llm_route.provider", t.up.providerAny)
 			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
 		}
+		h.setRouteHeaders(w, t, len(failures)+1)
 		res := h.attempt(w, r, rt, t, body, stream)
 		if res.out != outFailover {
 			if res.result == resultCancelled && res.status == 0 {
@@ -134,7 +139,11 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
 				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
 			}
-			h.allFailed(rt, failures).write(w)
+			e := h.allFailed(rt, failures)
+			if e.status == http.StatusServiceUnavailable {
+				h.setSkipped(w, rt, failures)
+			}
+			e.write(w)
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {
