@@ -13,6 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
 // outcome tells the failover loop what to do after an attempt.
@@ -53,6 +55,12 @@ type attemptResult struct {
 	// fault: the upstream broke a response that had started (a cut or a
 	// stall) and is backed off for it. A failover always is.
 	fault bool
+	// What the exchange saw, for metrics and the log (usage.go): the
+	// upstream's token usage, when the request went upstream and when the
+	// first body byte reached the client (zero: not reached).
+	usage     transform.Usage
+	sent      time.Time
+	firstByte time.Time
 }
 
 // Reasons a stream can end abnormally after its first byte reached the
@@ -67,7 +75,9 @@ const (
 // claimed, and either hands the response to the client or reports a failure
 // that may fail over. The slot is released, and the outcome recorded, exactly
 // once on every path, panics included.
-func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *target, body []byte, stream bool) (res attemptResult) {
+// arrival is when the request reached the handler (time to first token is
+// counted from it).
+func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *target, body []byte, stream bool, arrival time.Time) (res attemptResult) {
 	start := time.Now()
 	recorded := false
 	defer func() {
@@ -76,13 +86,13 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 				if res.result == "" {
 					res.result, res.fault = resultNetErr, true
 				}
-				h.finish(rt, t, res, start)
+				h.finish(rt, t, res, start, arrival)
 			}
 			panic(p)
 		}
 	}()
 	res = h.exchange(w, r, t, body, stream)
-	h.finish(rt, t, res, start)
+	h.finish(rt, t, res, start, arrival)
 	recorded = true
 	if res.abort {
 		// The upstream broke after the client got bytes; the error event is
@@ -244,7 +254,7 @@ func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
 }
 
 // finish releases the slot and records the attempt: metric, backoff, log.
-func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Time) {
+func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival time.Time) {
 	u := t.up
 	n := u.state.release()
 	now := time.Now()
@@ -259,7 +269,9 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Tim
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
-			zap.Int64("slot_released", n), limitField(u.limit))
+			zap.Int64("slot_released", n), limitField(u.limit),
+			zap.Int64("input_tokens", res.usage.Input), zap.Int64("output_tokens", res.usage.Output),
+			ttftField(res, arrival), zap.Duration("request_duration", now.Sub(arrival)))
 	}
 }
 

@@ -34,6 +34,7 @@ type exchange struct {
 	ctx    context.Context // the attempt: request_timeout, watchdog
 	cancel context.CancelFunc
 	w8     watchdog
+	sent   time.Time // the request went upstream
 
 	resp     *http.Response
 	buf      *[]byte // copy buffer, pooled
@@ -97,7 +98,9 @@ func (s *rewriteSink) end() error {
 func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, stream bool) attemptResult {
 	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: stream}
 	defer ex.out.clearDeadline()
-	return ex.run(body)
+	res := ex.run(body)
+	res.usage, res.sent, res.firstByte = ex.out.usage.Usage, ex.sent, ex.out.firstWrite
+	return res
 }
 
 func (ex *exchange) run(body []byte) attemptResult {
@@ -120,6 +123,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 	}
 	defer ex.w8.stop()
 
+	ex.sent = time.Now()
 	resp, err := u.transport.RoundTrip(h.upstreamRequest(ex.ctx, r, u, out, reqBody))
 	if err != nil {
 		return h.classifyError(r, u, &ex.w8, ex.ctx, err)
@@ -224,6 +228,9 @@ func (ex *exchange) chooseSinks() {
 	}
 	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0, ex.sse, h.clientWrite, limit, ex.r.ProtoMajor == 2)
 	ex.sink = &ex.out
+	// Token usage is read from what reaches the client, when it is plain
+	// text (a compressed body is passed through unread).
+	ex.out.scanUsage = resp.StatusCode < 300 && identityEncoded(resp)
 	switch {
 	case rewrite && !ex.sse:
 		ex.body = thinkBody(u.think)

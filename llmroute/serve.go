@@ -68,6 +68,7 @@ func methodAllowed(allow, method string) bool {
 // serveChat is the request path: read → parse → admit → attempt (failing
 // over to the next upstream while nothing has reached the client) → respond.
 func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
+	arrival := time.Now()
 	bodyBuf := getBuffer()
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
@@ -103,7 +104,9 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 		repl.Set("http.llm_route.model", rt.nameAny)
 	}
 
+	admitStart := time.Now()
 	idx, apiErr := h.admit(r, rt)
+	queued := time.Since(admitStart)
 	if apiErr != nil {
 		if apiErr == errClientGone {
 			return caddyhttp.Error(499, errClientClosed)
@@ -124,8 +127,12 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
 		}
 		h.setRouteHeaders(w, t, len(failures)+1)
-		res := h.attempt(w, r, rt, t, body, stream)
+		res := h.attempt(w, r, rt, t, body, stream, arrival)
+		if len(failures) == 0 {
+			h.observeOverhead(res, arrival, queued)
+		}
 		if res.out != outFailover {
+			h.observeRequest(rt, t, res, arrival)
 			if res.result == resultCancelled && res.status == 0 {
 				// The client left before any answer: nothing was written,
 				// so let Caddy log 499 rather than an empty 200.
