@@ -133,6 +133,7 @@ func (h *Handler) serveChat(w http.ResponseWriter, r *http.Request) error {
 		}
 		if res.out != outFailover {
 			h.observeRequest(rt, t, res, arrival)
+			annotateSpan(r, rt, t, res, len(failures)+1)
 			if res.result == resultCancelled && res.status == 0 {
 				// The client left before any answer: nothing was written,
 				// so let Caddy log 499 rather than an empty 200.
