@@ -160,9 +160,9 @@ type rawUsage struct {
 	cacheCreation                                int64
 	// anthropic: the object has Anthropic's cache members, whose
 	// input_tokens leaves out the cached prompt.
-	anthropic bool
-	promptCached, inputCached                    int64 // *_tokens_details.cached_tokens
-	completionReasoning, outputReasoning         int64 // *_tokens_details.reasoning_tokens
+	anthropic                            bool
+	promptCached, inputCached            int64 // *_tokens_details.cached_tokens
+	completionReasoning, outputReasoning int64 // *_tokens_details.reasoning_tokens
 }
 
 // read takes the counts from one usage object. Nothing else of the object
