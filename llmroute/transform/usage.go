@@ -3,6 +3,8 @@ package transform
 import (
 	"bytes"
 	"strings"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
 // Usage is the token accounting an upstream reports. Input counts every
@@ -89,12 +91,12 @@ func (s *UsageScanner) scan(p []byte) {
 			continue
 		}
 		rest := p[k+len(usageKey):]
-		i := skipSpace(rest, 0)
+		i := jsonscan.SkipWS(rest, 0)
 		if i < len(rest) && rest[i] != ':' {
 			p = rest
 			continue
 		}
-		i = skipSpace(rest, i+1)
+		i = jsonscan.SkipWS(rest, i+1)
 		if i >= len(rest) {
 			s.keep(p[k:])
 			return
@@ -119,15 +121,9 @@ func (s *UsageScanner) keep(b []byte) {
 	}
 }
 
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
 // objectEnd returns the length of the JSON object starting at b[0] ('{'),
-// or -1 when b ends first.
+// or -1 when b ends first. Unlike jsonscan.SkipValue it only matches braces:
+// a piece cut mid-object must read as "not yet", not as malformed.
 func objectEnd(b []byte) int {
 	depth, inStr := 0, false
 	for i := 0; i < len(b); i++ {
@@ -187,7 +183,7 @@ func (s *UsageScanner) read(obj []byte) {
 // details object obj is ("" at the top). It reports whether obj is well
 // formed as far as it reads it.
 func readUsageObject(obj []byte, u *rawUsage, parent string) bool {
-	i := skipSpace(obj, 1)
+	i := jsonscan.SkipWS(obj, 1)
 	for i < len(obj) && obj[i] != '}' {
 		if obj[i] != '"' {
 			return false
@@ -197,11 +193,11 @@ func readUsageObject(obj []byte, u *rawUsage, parent string) bool {
 			return false
 		}
 		key := obj[i+1 : i+1+end]
-		i = skipSpace(obj, i+end+2)
+		i = jsonscan.SkipWS(obj, i+end+2)
 		if i >= len(obj) || obj[i] != ':' {
 			return false
 		}
-		i = skipSpace(obj, i+1)
+		i = jsonscan.SkipWS(obj, i+1)
 		if i >= len(obj) {
 			return false
 		}
@@ -241,9 +237,9 @@ func readUsageObject(obj []byte, u *rawUsage, parent string) bool {
 			}
 			i = j
 		}
-		i = skipSpace(obj, i)
+		i = jsonscan.SkipWS(obj, i)
 		if i < len(obj) && obj[i] == ',' {
-			i = skipSpace(obj, i+1)
+			i = jsonscan.SkipWS(obj, i+1)
 		}
 	}
 	return i < len(obj)
