@@ -318,7 +318,12 @@ func readSome(r io.Reader, buf []byte) (int, error) {
 // isEventStream reports a text/event-stream response.
 func isEventStream(resp *http.Response) bool {
 	ct := resp.Header.Get("Content-Type")
-	if ct == "" {
+	switch ct {
+	case "":
+		return false
+	case "text/event-stream": // the common answers, without ParseMediaType's map
+		return true
+	case "application/json":
 		return false
 	}
 	mt, _, err := mime.ParseMediaType(ct)

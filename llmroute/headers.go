@@ -20,6 +20,35 @@ import (
 var hopHeaders = []string{"Alt-Svc", "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// Header values every upstream request carries, built once. An outgoing
+// request's header map is only read from here on (by the transport), so its
+// slices can be shared; none of them is ever put on a response, where Caddy's
+// header handler may rewrite values in place.
+var (
+	jsonContentType  = []string{"application/json"}
+	identityEncoding = []string{"identity"}
+	protoHTTP        = []string{"http"}
+	protoHTTPS       = []string{"https"}
+)
+
+// headerValue is one static provider header, its value as a header slice.
+type headerValue struct {
+	name string // canonical
+	vals []string
+}
+
+// buildHeaderValues fills authValue and headerValues from auth and headers.
+func (u *upstream) buildHeaderValues() {
+	u.authValue = nil
+	if u.auth != "" {
+		u.authValue = []string{u.auth}
+	}
+	u.headerValues = u.headerValues[:0]
+	for _, kv := range u.headers {
+		u.headerValues = append(u.headerValues, headerValue{name: kv[0], vals: []string{kv[1]}})
+	}
+}
+
 // upstreamRequest builds the outgoing request: the allow-listed client
 // headers (see forwardable), the forwarding headers, the provider's key and
 // static headers, and the session header.
@@ -35,14 +64,14 @@ func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstr
 	setForwarded(hdr, r)
 	if u.think != transform.ThinkOff {
 		// The response is rewritten, so it must come uncompressed.
-		hdr.Set("Accept-Encoding", "identity")
+		hdr["Accept-Encoding"] = identityEncoding
 	}
-	hdr.Set("Content-Type", "application/json")
-	if u.auth != "" {
-		hdr[u.authHdr] = []string{u.auth}
+	hdr["Content-Type"] = jsonContentType
+	if u.authValue != nil {
+		hdr[u.authHdr] = u.authValue
 	}
-	for _, kv := range u.headers {
-		hdr.Set(kv[0], kv[1])
+	for _, kv := range u.headerValues {
+		hdr[kv.name] = kv.vals
 	}
 	req := http.Request{
 		Method:        http.MethodPost,
@@ -93,29 +122,35 @@ func setForwarded(hdr http.Header, r *http.Request) {
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		clientIP, _, _ = strings.Cut(host, "%") // an IPv6 zone is not part of the address
 	}
+	// The two per-request values share one allocation; each slice is capped
+	// at its own element so an append can never write into the other.
+	vals := new([2]string)
 	prior := strings.Join(r.Header["X-Forwarded-For"], ", ")
 	switch {
 	case trusted && prior != "" && clientIP != "":
-		hdr["X-Forwarded-For"] = []string{prior + ", " + clientIP}
+		vals[0] = prior + ", " + clientIP
 	case trusted && prior != "":
-		hdr["X-Forwarded-For"] = []string{prior}
-	case clientIP != "":
-		hdr["X-Forwarded-For"] = []string{clientIP}
+		vals[0] = prior
+	default:
+		vals[0] = clientIP
 	}
-	proto := "http"
+	if vals[0] != "" {
+		hdr["X-Forwarded-For"] = vals[0:1:1]
+	}
+	proto := protoHTTP
 	if r.TLS != nil {
-		proto = "https"
+		proto = protoHTTPS
 	}
-	if v := lastValue(r.Header, "X-Forwarded-Proto"); trusted && v != "" {
-		proto = v
+	if vv := r.Header["X-Forwarded-Proto"]; trusted && len(vv) > 0 && vv[len(vv)-1] != "" {
+		proto = vv[len(vv)-1:] // the client's slice, only ever read
 	}
-	hdr["X-Forwarded-Proto"] = []string{proto}
-	host := r.Host
+	hdr["X-Forwarded-Proto"] = proto
+	vals[1] = r.Host
 	if v := lastValue(r.Header, "X-Forwarded-Host"); trusted && v != "" {
-		host = v
+		vals[1] = v
 	}
-	if host != "" {
-		hdr["X-Forwarded-Host"] = []string{host}
+	if vals[1] != "" {
+		hdr["X-Forwarded-Host"] = vals[1:2:2]
 	}
 }
 

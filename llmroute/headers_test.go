@@ -20,6 +20,7 @@ func TestUpstreamRequestHeaders(t *testing.T) {
 	target, _ := url.Parse("http://up.example/v1/chat/completions")
 	u := &upstream{target: target, auth: "Bearer sk-op", authHdr: "Authorization", forward: []string{"X-Trace-Id"},
 		headers: [][2]string{{"X-Title", "router"}}}
+	u.buildHeaderValues()
 	r := httptest.NewRequest(http.MethodPost, "http://proxy.example/v1/chat/completions", nil)
 	r.RemoteAddr = "[fe80::1%eth0]:5555"
 	for k, v := range map[string]string{

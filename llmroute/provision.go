@@ -40,8 +40,7 @@ const (
 // state adopted from the pools.
 type upstream struct {
 	id, provider, model string
-	idAny, providerAny  any      // id and provider boxed once, for placeholders
-	idHeader            []string // id as a header value, shared (never mutated)
+	idAny, providerAny  any // id and provider boxed once, for placeholders
 
 	url        string                 // provider URL + /chat/completions
 	target     *url.URL               // url, parsed once
@@ -54,6 +53,12 @@ type upstream struct {
 	forward    []string          // provider forward_headers, canonical
 	transport  http.RoundTripper // the provider's transport module, else the handler's default
 	sessionHdr string
+
+	// authValue and headerValues are auth and headers as header values,
+	// built once: upstream requests share them (nothing on the way to the
+	// transport mutates a request header's slice in place).
+	authValue    []string
+	headerValues []headerValue
 
 	limit         int64 // unlimited when none is configured
 	think         transform.ThinkMode
@@ -279,7 +284,6 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	u := &upstream{
 		id:          uc.ID,
 		idAny:       uc.ID,
-		idHeader:    []string{uc.ID},
 		provider:    p.ID,
 		providerAny: p.ID,
 		model:       uc.Model,
@@ -298,6 +302,7 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		return nil, fmt.Errorf("%s: url: %q is not a valid URL", where, redactURL(u.url))
 	}
 	u.target = target
+	u.buildHeaderValues()
 	base := strings.TrimSuffix(p.URL, "/")
 	for ep, path := range endpointPaths {
 		if u.urls[ep], err = url.Parse(base + path); err != nil {

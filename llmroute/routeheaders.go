@@ -61,9 +61,14 @@ func (h *Handler) setRouteHeaders(w http.ResponseWriter, t *target, attempts int
 	if !h.routeHeaders {
 		return
 	}
+	// Both values in one allocation, each slice capped at its element. Not
+	// shared across requests: Caddy's header handler may replace response
+	// header values in place.
+	vals := new([2]string)
+	vals[0], vals[1] = t.up.id, strconv.Itoa(attempts)
 	hdr := w.Header()
-	hdr[hdrRouteUpstream] = t.up.idHeader
-	hdr.Set(hdrRouteAttempts, strconv.Itoa(attempts))
+	hdr[hdrRouteUpstream] = vals[0:1:1]
+	hdr[hdrRouteAttempts] = vals[1:2:2]
 }
 
 // setSkipped prepares a proxy-made 503: no upstream answered, so the
