@@ -7,10 +7,10 @@ import (
 	"net/http"
 	"reflect"
 	"regexp"
-	"time"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	anthropic "github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/openai/openai-go/v3"
