@@ -249,6 +249,10 @@ func (ex *exchange) chooseSinks() {
 		limit = d // request_timeout bounds time blocked on the client too
 	}
 	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0, ex.sse, h.clientWrite, limit, ex.r.ProtoMajor == 2)
+	if ex.native {
+		ex.out.markers, ex.out.markersEvent = endMarkers(ex.fr.api)
+		ex.out.anthropicErr = ex.fr.api == apiMessages
+	}
 	ex.sink = &ex.out
 	// Token usage is read from what reaches the client, when it is plain
 	// text (a compressed body is passed through unread).
@@ -374,7 +378,7 @@ func (ex *exchange) streamFailure(err error) *streamErr {
 	if errors.As(err, &tw) {
 		fired = tw.reason
 	}
-	done := ex.out.done || ex.st != nil && ex.st.Finished()
+	done := ex.out.finished() || ex.st != nil && ex.st.Finished()
 	se := streamVerdict(done, errors.As(err, &cw), ex.r.Context().Err() != nil, fired, ex.ctx.Err())
 	if se == nil || se.code == "" {
 		return se
@@ -396,7 +400,8 @@ func (ex *exchange) streamFailure(err error) *streamErr {
 
 // streamVerdict classifies a response that broke off after it reached the
 // client, in order:
-//   - the stream's final event ([DONE]) had gone out: ok, whatever came
+//   - the stream's final event ([DONE]; a native Messages message_stop, a
+//     native Responses response.completed) had gone out: ok, whatever came
 //     after (the openai SDK closes the connection right after it);
 //   - the client stopped reading or left: cancelled, no error event, the
 //     upstream not blamed;

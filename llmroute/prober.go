@@ -18,12 +18,17 @@ import (
 // backoff, every probe_interval, it sends SPEC §3's tiny streaming request
 // (provider and upstream patches applied) outside the slot accounting. 2xx
 // plus a first body byte within first_byte_timeout ends the cooling at once;
+// an upstream that serves no chat is probed in an API it serves (probeFor);
 // a failed probe changes nothing. One prober runs per handler instance and
 // stops in Cleanup; its results live in the pooled state, so a reload loses
 // nothing.
 
 // minProbeTick bounds how often the prober looks at the upstreams.
 const minProbeTick = 50 * time.Millisecond
+
+// anthropicVersion is the anthropic-version header of a Messages probe
+// (clients send their own; the probe has none to forward).
+const anthropicVersion = "2023-06-01"
 
 // probeTimeoutFallback bounds a probe of an upstream whose first-byte
 // watchdog is disabled.
@@ -138,12 +143,18 @@ func (h *Handler) sendProbe(ctx context.Context, u *upstream) (bool, int) {
 	// A transport module may read placeholders (e.g. a tls_server_name with
 	// one) from the request's replacer; requests of clients carry Caddy's.
 	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, caddy.NewReplacer())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.url, bytes.NewReader(u.probeBody))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.urls[u.probeEP].String(), bytes.NewReader(u.probeBody))
 	if err != nil {
 		return false, 0
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
+	if u.probeEP != epEmbeddings {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	if u.probeEP == epMessages {
+		// Anthropic's API refuses a request without a version.
+		req.Header.Set("Anthropic-Version", anthropicVersion)
+	}
 	if u.auth != "" {
 		req.Header[u.authHdr] = []string{u.auth}
 	}

@@ -73,6 +73,7 @@ type upstream struct {
 
 	basePatch *transform.Patch // provider patch then upstream patch
 	probeBody []byte           // SPEC §3 probe, patches applied
+	probeEP   endpoint         // where the probe goes: chat, else an API the upstream serves
 	reasoning string
 	emptyOK   bool
 }
@@ -354,16 +355,46 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		return nil, fmt.Errorf("%s: patch: %v", where, err)
 	}
 	u.basePatch = providerPatch.Then(upPatch)
-	probe, err := transform.RewriteRequest(nil, probeRequest, &transform.RequestEdit{Model: u.model, Patch: u.basePatch})
+	pr := probeFor(u.apis)
+	probe, err := transform.RewriteRequest(nil, pr.body, &transform.RequestEdit{Model: u.model, Patch: u.basePatch})
 	if err != nil {
 		return nil, fmt.Errorf("%s: building the probe request: %v", where, err)
 	}
-	u.probeBody = probe
+	u.probeBody, u.probeEP = probe, pr.ep
 	return u, nil
 }
 
 // probeRequest is the tiny request of SPEC §3 sent to cooling upstreams.
 var probeRequest = []byte(`{"model":"","messages":[{"role":"user","content":"2+2=?"}],"max_tokens":4,"stream":true}`)
+
+// probes are SPEC §3's probe in each wire API, in the order one is chosen:
+// an upstream that does not serve chat is probed in an API it serves, at
+// that API's path (the patches apply: they are in the upstream's format).
+// Responses asks for 16 tokens, OpenAI's least max_output_tokens.
+var probes = []probeSpec{
+	{apiChat, epChat, probeRequest},
+	{apiMessages, epMessages, []byte(`{"model":"","max_tokens":4,"messages":[{"role":"user","content":"2+2=?"}],"stream":true}`)},
+	{apiResponses, epResponses, []byte(`{"model":"","input":"2+2=?","max_output_tokens":16,"stream":true}`)},
+	{apiCompletions, epCompletions, []byte(`{"model":"","prompt":"2+2=","max_tokens":4,"stream":true}`)},
+	{apiEmbeddings, epEmbeddings, []byte(`{"model":"","input":"2+2=?"}`)},
+}
+
+// probeSpec is the probe of one API: its body and endpoint.
+type probeSpec struct {
+	a    api
+	ep   endpoint
+	body []byte
+}
+
+// probeFor picks the probe for an upstream serving apis.
+func probeFor(apis apiSet) probeSpec {
+	for _, p := range probes {
+		if apis.has(p.a) {
+			return p
+		}
+	}
+	return probes[0] // parseAPIs never yields an empty set
+}
 
 // compileRoute precomputes the request edit of every (model, upstream) pair.
 func (h *Handler) compileRoute(m Model) (*route, error) {

@@ -54,14 +54,19 @@ type clientWriter struct {
 	deadlineSet  bool
 	noDeadline   bool // the connection cannot take one
 
-	// done: the stream's final event ([DONE]) has been written; a stage
-	// that writes another wire format (a front's translator) sets it for
-	// its own final event. carry is
-	// the end of what was written before, so a marker split over two writes
-	// is found too.
-	done     bool
-	carry    [len(doneMarker) + 1]byte
-	carryLen int
+	// done: the line that starts the stream's final event ([DONE] for chat;
+	// see endMarkers) has been written. A translated front's final event
+	// is its translator's to report (translator.Finished). carry is the
+	// end of what was written before, so a marker split over two writes is
+	// found too. markers nil means chat's [DONE]; markersEvent says the
+	// marker is an `event:` line whose data follows, so the final event is
+	// only complete at the next event boundary (finished).
+	done         bool
+	markers      [][]byte
+	markersEvent bool
+	anthropicErr bool // writeError uses Anthropic's event: error (native Messages)
+	carry        [maxMarkerLen + 1]byte
+	carryLen     int
 
 	mu         sync.Mutex
 	hb         *time.Timer
@@ -128,6 +133,35 @@ func (c *clientWriter) clearDeadline() {
 // doneMarker is the final event of a chat completion stream.
 const doneMarker = "data: [DONE]"
 
+// The lines that start the final event of a native Messages or Responses
+// stream (their servers name every event, SPEC §13): once one has reached
+// the client the answer is whole, whatever ends the copy afterwards.
+var (
+	chatMarkers      = [][]byte{[]byte(doneMarker)}
+	messagesMarkers  = [][]byte{[]byte("event: message_stop")}
+	responsesMarkers = [][]byte{[]byte("event: response.completed"), []byte("event: response.incomplete")}
+)
+
+// maxMarkerLen is the longest of the markers.
+const maxMarkerLen = len("event: response.incomplete")
+
+// endMarkers returns the final-event markers of a natively served api
+// and whether they are event lines (their data follows them).
+func endMarkers(a api) ([][]byte, bool) {
+	switch a {
+	case apiMessages:
+		return messagesMarkers, true
+	case apiResponses:
+		return responsesMarkers, true
+	}
+	return chatMarkers, false
+}
+
+// finished reports that the stream's final event has been written whole.
+func (c *clientWriter) finished() bool {
+	return c.done && (!c.markersEvent || c.atBoundary)
+}
+
 // noteDone looks for the [DONE] event, at a line start, in what is being
 // written.
 func (c *clientWriter) noteDone(p []byte) {
@@ -140,7 +174,11 @@ func (c *clientWriter) noteDone(p []byte) {
 	n += copy(joint[n:], p[:min(len(p), len(c.carry))])
 	seamStart := c.carryLen < len(c.carry) // joint begins the stream
 	pStart := c.carryLen == 0 || isEOL(c.carry[c.carryLen-1])
-	if hasLineAt(joint[:n], seamStart) || hasLineAt(p, pStart) {
+	markers := c.markers
+	if markers == nil {
+		markers = chatMarkers
+	}
+	if hasLineAt(joint[:n], seamStart, markers) || hasLineAt(p, pStart, markers) {
 		c.done = true
 		return
 	}
@@ -153,21 +191,21 @@ func (c *clientWriter) noteDone(p []byte) {
 	c.carryLen = copy(c.carry[:], joint[max(0, n-len(c.carry)):n])
 }
 
-var doneMarkerBytes = []byte(doneMarker)
-
-// hasLineAt reports whether b holds the [DONE] marker at the start of a
+// hasLineAt reports whether b holds one of the markers at the start of a
 // line; the start of b counts as one when startOK.
-func hasLineAt(b []byte, startOK bool) bool {
-	for i := 0; i < len(b); {
-		k := bytes.Index(b[i:], doneMarkerBytes)
-		if k < 0 {
-			return false
+func hasLineAt(b []byte, startOK bool, markers [][]byte) bool {
+	for _, m := range markers {
+		for i := 0; i < len(b); {
+			k := bytes.Index(b[i:], m)
+			if k < 0 {
+				break
+			}
+			k += i
+			if k == 0 && startOK || k > 0 && isEOL(b[k-1]) {
+				return true
+			}
+			i = k + 1
 		}
-		k += i
-		if k == 0 && startOK || k > 0 && isEOL(b[k-1]) {
-			return true
-		}
-		i = k + 1
 	}
 	return false
 }
@@ -286,9 +324,18 @@ func (c *clientWriter) writeError(code string) {
 	if !c.atBoundary {
 		ev = append(ev, "\n\n"...)
 	}
-	ev = append(ev, `data: {"error":{"message":`...)
+	if c.anthropicErr {
+		// A native Messages stream: Anthropic's SDKs read only a named
+		// `event: error` (they skip unnamed events), in Anthropic's shape.
+		ev = append(ev, `event: error`+"\n"+`data: {"type":"error","error":{"type":"api_error","message":`...)
+	} else {
+		ev = append(ev, `data: {"error":{"message":`...)
+	}
 	ev = appendJSONString(ev, streamErrorMessages[code])
-	ev = append(ev, `,"type":"upstream_error","code":`...)
+	if !c.anthropicErr {
+		ev = append(ev, `,"type":"upstream_error"`...)
+	}
+	ev = append(ev, `,"code":`...)
 	ev = appendJSONString(ev, code)
 	ev = append(ev, "}}\n\n"...)
 	// Not bounded by request_timeout, which may be what just passed; a

@@ -78,19 +78,44 @@
 //	thinking, output_config       reasoning_effort only with opt.Effort (see below)
 //	stream: true                  stream: true, stream_options: {include_usage: true}
 //
-// Dropped (no chat equivalent, or one that some chat upstreams reject):
-// top_k (OpenAI rejects it; add it with a patch for vLLM/llama.cpp),
-// server tools (any tools[] entry with a type other than "custom": web
-// search, code execution, bash/text_editor/computer), cache_control
-// everywhere, citations, context_management, container, mcp_servers,
-// service_tier, anthropic-beta features, thinking signatures,
-// redacted_thinking, search_result blocks, server_tool_use and
-// *_tool_result history blocks, and any field not in the table above.
-// document blocks and image sources other than base64/url (file) are a 400
-// with code unsupported_parameter: silently losing a PDF would give a wrong
-// answer. A tools list made only of server tools sends no tools and no
-// tool_choice.
+// # Fields not translated
 //
+// On a translated upstream (a native one gets the body as sent), checked
+// against request.go. Nothing below is logged: ToChat reads only the fields
+// in the table above, so every other field is left out by construction.
+//
+//	top_k                          dropped (OpenAI rejects it; a patch can add it for
+//	                               vLLM / llama.cpp)
+//	thinking, output_config        dropped: the core never sets Options.Effort (chat
+//	                               upstreams that do not reason reject reasoning_effort;
+//	                               a patch can set it)
+//	context_management, container, dropped
+//	mcp_servers, service_tier,
+//	any other top-level field
+//	metadata (but user_id)         dropped
+//	tools[] of a type other than   dropped (server tools: web_search, web_fetch,
+//	"custom" or none               code_execution, bash, text_editor, computer, memory …);
+//	                               a list of only those sends no tools and no tool_choice
+//	tools[].cache_control, strict, dropped (only name, description, input_schema are read)
+//	defer_loading, input_examples
+//	cache_control, citations       dropped everywhere (blocks, system, tools)
+//	thinking blocks in history     → Options.ReasoningField; without one dropped; their
+//	                               signature always dropped
+//	redacted_thinking              dropped
+//	document blocks (user)         400 unsupported_parameter (a silently lost PDF would
+//	                               give a wrong answer)
+//	image source "file" (or any    400 unsupported_parameter
+//	but base64 / url)
+//	search_result, server_tool_use, dropped (unknown block types in history are dropped;
+//	*_tool_result, container_upload blocks  in a user message only document is refused)
+//	tool_result images             not dropped: moved into the user message after it
+//	anthropic-beta features        not translated (the header itself is forwarded, like
+//	                               anthropic-version, to every upstream: the core's
+//	                               allow-list; chat servers ignore it)
+//
+// In the answer, fields chat cannot give: stop_sequence is always null,
+// cache_creation_input_tokens 0, no server_tool_use usage, no citations.
+
 // thinking → reasoning_effort: off by default because chat upstreams that do
 // not reason (gpt-4o, most local instruct models behind strict servers)
 // reject reasoning_effort with a 400, and reasoning models reason anyway.

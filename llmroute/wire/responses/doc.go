@@ -69,6 +69,45 @@
 //	store, include, metadata, text.verbosity, truncation, top_logprobs,
 //	service_tier, client_metadata, stream_options …  ignored
 //
+// # Fields not translated
+//
+// The same table, only what does not reach a chat upstream, and how
+// (checked against request.go). "Logged" means listed in DroppedTools or
+// DroppedItems, which the core logs as one warning per request
+// ("responses request: left out what a chat upstream cannot take").
+//
+//	previous_response_id, conversation,   400 unsupported_parameter, nothing sent
+//	prompt, background:true, item_reference
+//	a message item with a role other than  400 invalid_value
+//	user/assistant/system/developer
+//	hosted tools (web_search, file_search,  dropped, logged (DroppedTools);
+//	mcp, code_interpreter, image_generation, a tool_choice naming one → auto
+//	tool_search, local_shell, shell, …),
+//	a namespace inside a namespace
+//	a function/custom tool without a name  dropped, not logged
+//	hosted-tool calls and outputs in input  dropped, logged (DroppedItems)
+//	(web_search_call, file_search_call,
+//	mcp_call, …), compaction, unknown items
+//	input_file parts, input_image outside   dropped, logged (DroppedItems)
+//	a user message (assistant, system,
+//	tool output), an image with only file_id
+//	reasoning items                        text → Options.ReasoningField; without one
+//	                                       dropped, not logged; encrypted_content always
+//	                                       dropped, not logged (opaque to another model)
+//	custom tool format (grammar, regex)    not enforced: appended to the description
+//	tool_choice allowed_tools list          only its mode (auto / required) is kept
+//	reasoning.summary, text.verbosity,     ignored, not logged
+//	store, include, metadata, truncation,
+//	top_logprobs, max_tool_calls,
+//	service_tier, client_metadata,
+//	stream_options, prompt_cache_retention,
+//	item ids and statuses, any other field
+//	prompt_cache_key                       not sent: the session id (Info.PromptCacheKey)
+//
+// In the answer, what chat cannot give: no annotations or logprobs,
+// reasoning has no summary and no encrypted_content (include is ignored),
+// tools are echoed as [], store false.
+
 // # The answer
 //
 // A Response object (id resp_…, object "response", created_at, status

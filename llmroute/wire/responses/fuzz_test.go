@@ -9,7 +9,9 @@ import (
 )
 
 // FuzzToChat: never a panic; the output is a JSON object or the error is an
-// *Error with a status. The Codex seeds are 39 KB: run with
+// *Error with a status; the answer, whole or streamed, translates with the
+// Info it gave (the stream's events stay well framed: the seeds are
+// pretty-printed as recorded). The Codex seeds are 39 KB: run with
 // -fuzzminimizetime 3s, or the default minimization of a new input eats
 // the whole -fuzztime.
 func FuzzToChat(f *testing.F) {
@@ -37,6 +39,13 @@ func FuzzToChat(f *testing.F) {
 			if err != nil || !json.Valid(resp) {
 				t.Fatalf("FromChat with this info: %v %q", err, resp)
 			}
+			// So does the stream: its events (which echo request fields)
+			// stay well framed whatever the request's formatting.
+			var evs []byte
+			st := NewStream(info, func(ev []byte) error { evs = append(evs, ev...); return nil })
+			_, _ = st.Write([]byte(chatChunk(`{"content":"x"}`, "stop") + "data: [DONE]\n\n"))
+			_ = st.Close()
+			parseEvents(t, evs)
 		}
 	})
 }

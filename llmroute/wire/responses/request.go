@@ -830,7 +830,9 @@ func (mb *messageBuilder) addReasoning(it *item) {
 }
 
 // appendEcho renders the request fields a Response object repeats, as
-// members without the surrounding braces. Tools are not echoed (they can
+// members without the surrounding braces. The values are compacted: a
+// pretty-printed request's line breaks would end an SSE data line in the
+// middle of response.created. Tools are not echoed (they can
 // be tens of kilobytes and no client reads them back).
 func appendEcho(dst []byte, req *request) []byte {
 	field := func(key string, v json.RawMessage, def string) {
@@ -838,7 +840,7 @@ func appendEcho(dst []byte, req *request) []byte {
 		dst = append(dst, key...)
 		dst = append(dst, '"', ':')
 		if present(v) {
-			dst = append(dst, v...)
+			dst = appendCompact(dst, v)
 		} else {
 			dst = append(dst, def...)
 		}
@@ -860,4 +862,17 @@ func appendEcho(dst []byte, req *request) []byte {
 	field("truncation", nil, `"disabled"`)
 	field("user", req.User, "null")
 	return dst
+}
+
+// appendCompact appends a raw JSON value without insignificant whitespace
+// when it spans lines, else as it is.
+func appendCompact(dst []byte, v json.RawMessage) []byte {
+	if !bytes.ContainsAny(v, "\r\n") {
+		return append(dst, v...)
+	}
+	buf := bytes.NewBuffer(dst)
+	if json.Compact(buf, v) != nil {
+		return append(dst, `null`...) // cannot happen: v was decoded from valid JSON
+	}
+	return buf.Bytes()
 }

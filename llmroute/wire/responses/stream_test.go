@@ -537,3 +537,22 @@ func TestStreamReasoningFieldAndContentFilter(t *testing.T) {
 		t.Errorf("reasoning = %v", rs)
 	}
 }
+
+// A pretty-printed request (valid JSON with line breaks inside the fields
+// a Response echoes: reasoning, text, metadata) still gives well-framed
+// events: the echo is compacted, so no line break ends a data line early.
+func TestStreamEchoOfPrettyRequest(t *testing.T) {
+	body := "{\n  \"model\": \"m\",\n  \"stream\": true,\n  \"input\": \"x\",\n  \"reasoning\": {\n    \"effort\": \"medium\"\n  },\n" +
+		"  \"text\": {\r\n    \"verbosity\": \"low\"\r\n  },\n  \"metadata\": {\n    \"k\": \"a\\nb\"\n  },\n  \"instructions\": \"be\\nbrief\"\n}"
+	out := run(t, infoFor(t, body), chatChunk(`{"role":"assistant","content":"hi"}`, "stop")+"data: [DONE]\n\n", whole)
+	evs := parseEvents(t, out)
+	resp := evs[0].data["response"].(map[string]any)
+	if resp["reasoning"].(map[string]any)["effort"] != "medium" || resp["text"].(map[string]any)["verbosity"] != "low" ||
+		resp["metadata"].(map[string]any)["k"] != "a\nb" || resp["instructions"] != "be\nbrief" {
+		t.Fatalf("echo %v", resp)
+	}
+	whole, err := FromChat(nil, []byte(`{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}`), infoFor(t, body))
+	if err != nil || bytes.ContainsAny(whole, "\r\n") {
+		t.Fatalf("non-stream answer %q (%v)", whole, err)
+	}
+}
