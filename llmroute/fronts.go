@@ -3,6 +3,7 @@ package llmroute
 import (
 	"net/http"
 	"strconv"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -155,6 +156,9 @@ type frontReq struct {
 	api     api
 	stream  bool
 	session string // the client's own session id, "" for none
+	// arrival is when the request reached the handler: time to first
+	// token and the request duration count from it.
+	arrival time.Time
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint: native

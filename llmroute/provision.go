@@ -86,6 +86,10 @@ type target struct {
 	// counters are this pair's llm_proxy_requests_total series, one per
 	// result, looked up once instead of hashing labels per request.
 	counters map[string]prometheus.Counter
+	// series are the pair's tokens, TTFT and duration series (usage.go),
+	// bound the same way; bound series also keep a request that ends on a
+	// removed upstream from bringing its pruned series back.
+	series targetSeries
 }
 
 // route is a client-visible model, compiled.
@@ -378,7 +382,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		for _, res := range allResults {
 			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.id, u.provider, res)
 		}
-		rt.targets = append(rt.targets, target{up: u, counters: counters, edit: transform.RequestEdit{
+		rt.targets = append(rt.targets, target{up: u, counters: counters, series: h.metrics.vis.bind(m.Name, u.id, u.provider), edit: transform.RequestEdit{
 			Model:            u.model,
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,
