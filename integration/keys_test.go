@@ -89,7 +89,7 @@ func frontRequests(model string) []frontRequest {
 
 // send makes the request with the given auth header (name, value; none
 // when name is "").
-func (p *proxy) send(fr frontRequest, hdr ...string) *http.Response {
+func (p *proxy) sendFront(fr frontRequest, hdr ...string) *http.Response {
 	p.t.Helper()
 	var body io.Reader
 	if fr.body != "" {
@@ -144,14 +144,14 @@ func TestKeysRefusalsEveryFront(t *testing.T) {
 	for _, fr := range frontRequests("m") {
 		t.Run(fr.name, func(t *testing.T) {
 			// 401: none, unknown, malformed.
-			expectFrontError(t, fr, p.send(fr), 401, "invalid_api_key", "authentication_error")
-			expectFrontError(t, fr, p.send(fr, "Authorization", "Bearer nope"), 401, "invalid_api_key", "authentication_error")
-			expectFrontError(t, fr, p.send(fr, "X-Api-Key", secretTeam+"x"), 401, "invalid_api_key", "authentication_error")
-			expectFrontError(t, fr, p.send(fr, "Authorization", "Basic "+secretTeam), 401, "invalid_api_key", "authentication_error")
+			expectFrontError(t, fr, p.sendFront(fr), 401, "invalid_api_key", "authentication_error")
+			expectFrontError(t, fr, p.sendFront(fr, "Authorization", "Bearer nope"), 401, "invalid_api_key", "authentication_error")
+			expectFrontError(t, fr, p.sendFront(fr, "X-Api-Key", secretTeam+"x"), 401, "invalid_api_key", "authentication_error")
+			expectFrontError(t, fr, p.sendFront(fr, "Authorization", "Basic "+secretTeam), 401, "invalid_api_key", "authentication_error")
 
 			// Served, by either header.
 			for _, h := range [][]string{{"Authorization", "Bearer " + secretTeam}, {"X-Api-Key", secretTeam}} {
-				resp := p.send(fr, h...)
+				resp := p.sendFront(fr, h...)
 				if body := readAll(t, resp); resp.StatusCode != 200 {
 					t.Fatalf("with %s: status %d %s", h[0], resp.StatusCode, body)
 				}
@@ -164,7 +164,7 @@ func TestKeysRefusalsEveryFront(t *testing.T) {
 			continue
 		}
 		t.Run(fr.name+"/403", func(t *testing.T) {
-			expectFrontError(t, fr, p.send(fr, "Authorization", "Bearer "+secretTeam), 403, "model_not_allowed", "permission_error")
+			expectFrontError(t, fr, p.sendFront(fr, "Authorization", "Bearer "+secretTeam), 403, "model_not_allowed", "permission_error")
 		})
 	}
 	// 429 rate and 429 budget, on the generation fronts.
@@ -175,16 +175,16 @@ func TestKeysRefusalsEveryFront(t *testing.T) {
 		t.Run(fr.name+"/429", func(t *testing.T) {
 			// slow: 1 rpm, burst 1 — its one request this minute is spent by
 			// the first front; every later one is refused.
-			resp := p.send(fr, "Authorization", "Bearer "+secretSlow)
+			resp := p.sendFront(fr, "Authorization", "Bearer "+secretSlow)
 			if resp.StatusCode == 200 {
 				readAll(t, resp)
-				resp = p.send(fr, "Authorization", "Bearer "+secretSlow)
+				resp = p.sendFront(fr, "Authorization", "Bearer "+secretSlow)
 			}
 			ra := expectFrontError(t, fr, resp, 429, "rate_limit_exceeded", "rate_limit_error")
 			if n := atoi(ra); n < 1 || n > 60 {
 				t.Fatalf("rate Retry-After = %q, want 1..60", ra)
 			}
-			ra = expectFrontError(t, fr, p.send(fr, "X-Api-Key", secretBroke), 429, "insufficient_quota", "rate_limit_error")
+			ra = expectFrontError(t, fr, p.sendFront(fr, "X-Api-Key", secretBroke), 429, "insufficient_quota", "rate_limit_error")
 			if n := atoi(ra); n < 1 || n > 86400 || time.Duration(n)*time.Second > untilUTCMidnight()+2*time.Second {
 				t.Fatalf("budget Retry-After = %q, want the time to the next UTC midnight (%v)", ra, untilUTCMidnight())
 			}
@@ -278,7 +278,8 @@ func TestKeysSDKs(t *testing.T) {
 	aCheck(msg(ac(secretBroke), "m"), 429)
 
 	// The model list shows the key's models only, in both shapes.
-	page, err := oc(secretTeam).Models.List(context.Background())
+	team, slow := oc(secretTeam), oc(secretSlow)
+	page, err := team.Models.List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +290,8 @@ func TestKeysSDKs(t *testing.T) {
 	if strings.Join(ids, ",") != "m,chat-small" {
 		t.Fatalf("team's models = %v, want m, chat-small", ids)
 	}
-	apage, err := ac(secretTeam).Models.List(context.Background(), anthropic.ModelListParams{})
+	ateam := ac(secretTeam)
+	apage, err := ateam.Models.List(context.Background(), anthropic.ModelListParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,11 +302,12 @@ func TestKeysSDKs(t *testing.T) {
 	if strings.Join(ids, ",") != "m,chat-small" {
 		t.Fatalf("team's models (Anthropic) = %v", ids)
 	}
-	page, err = oc(secretSlow).Models.List(context.Background())
+	page, err = slow.Models.List(context.Background())
 	if err != nil || len(page.Data) != 3 {
 		t.Fatalf("a key without models lists every model: %+v %v", page, err)
 	}
-	_, err = oc("wrong").Models.List(context.Background())
+	wrong := oc("wrong")
+	_, err = wrong.Models.List(context.Background())
 	oCheck(err, 401, "invalid_api_key")
 }
 
@@ -341,12 +344,12 @@ func (p *proxy) keyStatus(id string) map[string]any {
 // parallelBudget sends n requests at once with max_tokens 1000 against a
 // budget sized for ten, holding every admitted one at the upstream until
 // the others have been answered, so no settlement can make room early.
-func parallelBudget(t *testing.T, key map[string]any, price float64) (p *proxy, served, refused int) {
+func parallelBudget(t *testing.T, id string, key map[string]any, price float64) (p *proxy, served, refused int) {
 	g := newGate()
 	up := newUpstream(t, gatedUsage(g, 20, 1000))
 	h := basicConfig(up, 0)
 	h["upstreams"].([]any)[0].(map[string]any)["price_output"] = price
-	key["id"], key["secret"] = "team", secretTeam
+	key["id"], key["secret"] = id, secretTeam
 	h["keys"] = []any{key}
 	p = startProxy(t, h)
 
@@ -392,26 +395,27 @@ func parallelBudget(t *testing.T, key map[string]any, price float64) (p *proxy, 
 // sized for 10 → exactly 10 served, the rest 429, the spend never above
 // the budget.
 func TestKeysSpendConcurrency(t *testing.T) {
+	const ID = "spender"
 	// $1000 per million output tokens: max_tokens 1000 reserves $1; the
 	// budget holds 10.5 of them.
-	p, served, refused := parallelBudget(t, obj("spend_per_day", 10.5), 1000)
+	p, served, refused := parallelBudget(t, "spender", obj("spend_per_day", 10.5), 1000)
 	if served != 10 || refused != 190 {
 		t.Fatalf("served %d refused %d, want 10 and 190", served, refused)
 	}
-	k := p.keyStatus("team")
+	k := p.keyStatus(ID)
 	if spend := k["spend_today_usd"].(float64); spend > 10.5 || spend < 9.99 {
 		t.Fatalf("spend today %v, want 10 (at most the 10.5 budget)", spend)
 	}
 	if k["reserved_usd"].(float64) != 0 || k["reserved_tokens"].(float64) != 0 {
 		t.Fatalf("reservations left after every request ended: %+v", k)
 	}
-	if got := p.metric("llm_proxy_key_spend_usd_total", "key", "team"); got < 9.99 || got > 10.01 {
+	if got := p.metric("llm_proxy_key_spend_usd_total", "key", ID); got < 9.99 || got > 10.01 {
 		t.Fatalf("llm_proxy_key_spend_usd_total = %v, want 10", got)
 	}
-	if got := p.metric("llm_proxy_key_requests_total", "key", "team", "model", "m", "result", "insufficient_quota"); got != 190 {
+	if got := p.metric("llm_proxy_key_requests_total", "key", ID, "model", "m", "result", "insufficient_quota"); got != 190 {
 		t.Fatalf("insufficient_quota count = %v", got)
 	}
-	if got := p.metric("llm_proxy_key_requests_total", "key", "team", "model", "m", "result", "ok"); got != 10 {
+	if got := p.metric("llm_proxy_key_requests_total", "key", ID, "model", "m", "result", "ok"); got != 10 {
 		t.Fatalf("ok count = %v", got)
 	}
 	t.Logf("spend: served %d, refused %d, spend $%.2f of $10.50", served, refused, k["spend_today_usd"])
@@ -419,17 +423,18 @@ func TestKeysSpendConcurrency(t *testing.T) {
 
 // TestKeysTokensConcurrency: the same against tokens_per_day.
 func TestKeysTokensConcurrency(t *testing.T) {
+	const ID = "tokener"
 	// Each request reserves its estimated prompt (a few dozen tokens) plus
 	// 1000; 10 fit in 10 500, 11 do not.
-	p, served, refused := parallelBudget(t, obj("tokens_per_day", 10500), 0)
+	p, served, refused := parallelBudget(t, "tokener", obj("tokens_per_day", 10500), 0)
 	if served != 10 || refused != 190 {
 		t.Fatalf("served %d refused %d, want 10 and 190", served, refused)
 	}
-	k := p.keyStatus("team")
+	k := p.keyStatus(ID)
 	if tok := k["tokens_today"].(float64); tok != 10*1020 {
 		t.Fatalf("tokens today %v, want 10 × 1020 reported", tok)
 	}
-	if got := p.metric("llm_proxy_key_tokens_total", "key", "team", "type", "output"); got != 10000 {
+	if got := p.metric("llm_proxy_key_tokens_total", "key", ID, "type", "output"); got != 10000 {
 		t.Fatalf("llm_proxy_key_tokens_total output = %v", got)
 	}
 	t.Logf("tokens: served %d, refused %d, tokens %v of 10500", served, refused, k["tokens_today"])
@@ -639,6 +644,12 @@ func TestKeysSecretNeverLeaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	full["apps"].(map[string]any)["http"].(map[string]any)["servers"].(map[string]any)["srv0"].(map[string]any)["logs"] = map[string]any{}
+	// Caddy clones the request for its access log before any handler
+	// runs, so deleting X-Api-Key in the handler cannot keep it out of
+	// that line; the README's log filter does (Authorization Caddy
+	// redacts itself).
+	full["logging"].(map[string]any)["logs"].(map[string]any)["default"].(map[string]any)["encoder"] = map[string]any{
+		"format": "filter", "fields": map[string]any{"request>headers>X-Api-Key": map[string]any{"filter": "delete"}}}
 	b, _ := json.Marshal(full)
 	if err := caddy.Load(b, true); err != nil {
 		t.Fatal(err)
@@ -648,7 +659,7 @@ func TestKeysSecretNeverLeaks(t *testing.T) {
 		for _, fr := range frontRequests(model) {
 			for _, s := range []string{secretTeam, secretSlow, secretBroke, secretTeam + "x"} {
 				for _, h := range [][]string{{"Authorization", "Bearer " + s}, {"X-Api-Key", s}} {
-					resp := p.send(fr, h...)
+					resp := p.sendFront(fr, h...)
 					bodies = append(bodies, readAll(t, resp))
 					for k, v := range resp.Header {
 						bodies = append(bodies, k+": "+strings.Join(v, ","))

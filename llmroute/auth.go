@@ -334,3 +334,27 @@ func keyStatuses(live []registryEntry, now time.Time) []keyStatus {
 	}
 	return out
 }
+
+// keyListing answers the model list for a key with a models list, and
+// refuses GET …/models/{id} for a model the key may not use; it reports
+// whether it answered.
+func (h *Handler) keyListing(w http.ResponseWriter, r *http.Request, f front, k *clientKey, id string) bool {
+	if k.all {
+		return false
+	}
+	switch f {
+	case frontModels:
+		if r.Header.Get("Anthropic-Version") != "" {
+			writeJSON(w, http.StatusOK, k.anthropicModels)
+		} else {
+			writeJSON(w, http.StatusOK, k.modelsBody)
+		}
+		return true
+	case frontModel:
+		if h.routes[id] != nil && !k.allows(id) {
+			h.refuseKey(w, r, f, k, id, errModelNotAllowed(id))
+			return true
+		}
+	}
+	return false
+}

@@ -42,10 +42,13 @@ func (p prices) cost(input, cached, output int64) keys.NanoUSD {
 // keyReq is a request made with a client key: the key, its worst-case
 // size and the reservation of the running attempt.
 type keyReq struct {
+	h      *Handler
 	k      *clientKey
 	model  string
 	input  int64 // estimated prompt tokens
 	output int64 // max_tokens, 0 when the request sets none
+	// noOutput: an embeddings request, whose worst case is its input.
+	noOutput bool
 	hold   keys.Hold
 }
 
@@ -53,7 +56,10 @@ type keyReq struct {
 // plus max_tokens (else the default reserve) of output, priced at u.
 func (kr *keyReq) worstCase(u *upstream) keys.Amount {
 	out := kr.output
-	if out <= 0 {
+	switch {
+	case kr.noOutput:
+		out = 0
+	case out <= 0:
 		out = defaultOutputReserve
 	}
 	return keys.Amount{Tokens: kr.input + out, Spend: u.price.cost(kr.input, 0, out)}
@@ -80,7 +86,7 @@ func (h *Handler) admitKey(w http.ResponseWriter, r *http.Request, f front, k *c
 		h.refuseKey(w, r, f, k, rt.name, errRateLimited(wait))
 		return nil
 	}
-	kr := &keyReq{k: k, model: rt.name}
+	kr := &keyReq{h: h, k: k, model: rt.name, noOutput: f == frontEmbeddings}
 	if k.budget.Empty() {
 		return kr
 	}
@@ -129,6 +135,7 @@ func (h *Handler) reserveAttempt(kr *keyReq, rt *route, idx int) (int, *apiError
 		if !ok {
 			kr.hold = keys.Hold{}
 			e := errOverBudget(limit, keys.UntilReset(limit, now))
+			kr.served(e.code)
 			return -1, &e
 		}
 		idx = next
@@ -162,6 +169,18 @@ func (h *Handler) settleAttempt(kr *keyReq, t *target, res attemptResult) {
 	}
 	h.keyStore.Settle(kr.hold, actual, time.Now())
 	kr.hold = keys.Hold{}
+	if res.out != outFailover {
+		kr.served(res.result)
+	}
+}
+
+// release gives back a reservation no settlement ended: the attempt
+// panicked (an aborted stream), so nothing is charged.
+func (kr *keyReq) release() {
+	if kr.hold.ID != "" {
+		kr.h.keyStore.Settle(kr.hold, keys.Amount{}, time.Now())
+		kr.hold = keys.Hold{}
+	}
 }
 
 // keyServed counts a request of the key that reached an upstream, by its
