@@ -691,6 +691,9 @@ func TestKeysSecretNeverLeaks(t *testing.T) {
 	if !strings.Contains(places["logs"], `"uri":"/v1/chat/completions"`) {
 		t.Fatal("the access log is not on: the check below would prove nothing")
 	}
+	if !strings.Contains(places["logs"], `"llm_route_key":"team"`) {
+		t.Error("the access log does not name the key id")
+	}
 	if !strings.Contains(places["metrics"], `llm_proxy_key_requests_total{key="team"`) {
 		t.Fatal("no key metrics")
 	}

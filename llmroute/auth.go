@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -67,6 +68,7 @@ type ClientKey struct {
 // its limits.
 type clientKey struct {
 	id     string
+	idAny  any // id boxed once, for the placeholder
 	hash   [sha256.Size]byte
 	all    bool            // no models list: every model
 	models map[string]bool // the config's model names the key may use
@@ -110,7 +112,7 @@ func (h *Handler) provisionKeys() error {
 			bad("%s: duplicate id", where)
 		}
 		ids[kc.ID] = true
-		k := &clientKey{id: kc.ID, all: kc.Models == nil,
+		k := &clientKey{id: kc.ID, idAny: kc.ID, all: kc.Models == nil,
 			rate: keys.Rate{PerMinute: kc.RPM, Burst: kc.Burst},
 			budget: keys.Budget{TokensPerDay: kc.TokensPerDay,
 				SpendPerDay: keys.USD(kc.SpendPerDay), SpendPerMonth: keys.USD(kc.SpendPerMonth)}}
@@ -257,6 +259,7 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, f front) 
 	if secret != "" {
 		sum := sha256.Sum256([]byte(secret))
 		if k := h.keys[sum]; k != nil && subtle.ConstantTimeCompare(sum[:], k.hash[:]) == 1 {
+			h.tagRequest(r, k)
 			return k
 		}
 	}
@@ -265,6 +268,18 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, f front) 
 	}
 	errInvalidKey.writeAs(w, keyErrorFront(r, f))
 	return nil
+}
+
+// tagRequest names the key in the request's access log line (field
+// llm_route_key) and in the {http.llm_route.key} placeholder.
+func (h *Handler) tagRequest(r *http.Request, k *clientKey) {
+	ctx := r.Context()
+	if extra, ok := ctx.Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Set(zap.String("llm_route_key", k.id))
+	}
+	if repl, ok := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		repl.Set("http.llm_route.key", k.idAny)
+	}
 }
 
 // keyErrorFront is the front whose error shape a refusal takes: the

@@ -37,6 +37,7 @@ func init() {
 // | `{http.llm_route.upstream}` | the upstream id that served the request |
 // | `{http.llm_route.provider}` | the provider id of that upstream |
 // | `{http.llm_route.attempts}` | how many upstreams were tried |
+// | `{http.llm_route.key}` | the id of the client key the request used (keys only) |
 type Handler struct {
 	// Providers are the backends (base URL + key).
 	Providers []Provider `json:"providers,omitempty"`
