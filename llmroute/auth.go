@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -76,6 +77,11 @@ type clientKey struct {
 	budget keys.Budget
 
 	modelsBody, anthropicModels []byte // GET …/models for this key, pre-encoded
+
+	// The key's token series (input, output, cached_input, reasoning) and
+	// spend series, looked up once instead of hashing labels per request.
+	tokens [4]prometheus.Counter
+	spend  prometheus.Counter
 }
 
 // allows reports whether the key may use the model named name.
@@ -171,6 +177,10 @@ func (h *Handler) provisionKeys() error {
 			k.modelsBody = modelsListBody(names, h.created)
 			k.anthropicModels = anthropic.ModelsBody(names, time.Unix(h.created, 0))
 		}
+		for i, typ := range tokenTypes {
+			k.tokens[i] = keyMetrics.tokens.WithLabelValues(k.id, typ)
+		}
+		k.spend = keyMetrics.spend.WithLabelValues(k.id)
 		h.keys[k.hash] = k
 	}
 	if len(errs) > 0 {
@@ -254,8 +264,8 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, f front) 
 			secret = strings.TrimSpace(auth[7:])
 		}
 	}
-	r.Header.Del("Authorization")
-	r.Header.Del("X-Api-Key")
+	delete(r.Header, "Authorization") // canonical names: no Del's canonicalising
+	delete(r.Header, "X-Api-Key")
 	if secret != "" {
 		sum := sha256.Sum256([]byte(secret))
 		if k := h.keys[sum]; k != nil && subtle.ConstantTimeCompare(sum[:], k.hash[:]) == 1 {

@@ -49,7 +49,7 @@ type keyReq struct {
 	output int64 // max_tokens, 0 when the request sets none
 	// noOutput: an embeddings request, whose worst case is its input.
 	noOutput bool
-	hold   keys.Hold
+	hold     keys.Hold
 }
 
 // worstCase is the reservation of an attempt at u: the estimated input
@@ -109,7 +109,6 @@ func (h *Handler) admitKey(w http.ResponseWriter, r *http.Request, f front, k *c
 	return kr
 }
 
-
 // reserveAttempt reserves the worst case of an attempt at rt.targets[idx],
 // whose slot the caller holds. When the budget has no room for it, the slot
 // is given back and the next upstream of the model is claimed instead, so
@@ -152,20 +151,16 @@ func (h *Handler) settleAttempt(kr *keyReq, t *target, res attemptResult) {
 	var actual keys.Amount
 	if us := res.usage; us.Seen {
 		actual = keys.Amount{Tokens: us.Input + us.Output, Spend: u.price.cost(us.Input, us.CachedInput, us.Output)}
-		m := keyMetrics
-		for _, c := range [...]struct {
-			typ string
-			n   int64
-		}{{"input", us.Input}, {"output", us.Output}, {"cached_input", us.CachedInput}, {"reasoning", us.Reasoning}} {
-			if c.n > 0 {
-				m.tokens.WithLabelValues(kr.k.id, c.typ).Add(float64(c.n))
+		for i, n := range [...]int64{us.Input, us.Output, us.CachedInput, us.Reasoning} { // tokenTypes' order
+			if n > 0 {
+				kr.k.tokens[i].Add(float64(n))
 			}
 		}
 	} else if res.result == resultOK {
 		actual = kr.hold.Reserved
 	}
 	if actual.Spend > 0 {
-		keyMetrics.spend.WithLabelValues(kr.k.id).Add(float64(actual.Spend) / 1e9)
+		kr.k.spend.Add(float64(actual.Spend) / 1e9)
 	}
 	h.keyStore.Settle(kr.hold, actual, time.Now())
 	kr.hold = keys.Hold{}
@@ -188,6 +183,9 @@ func (kr *keyReq) release() {
 func (kr *keyReq) served(result string) {
 	keyMetrics.requests.WithLabelValues(kr.k.id, kr.model, result).Inc()
 }
+
+// tokenTypes are the type labels of llm_proxy_key_tokens_total.
+var tokenTypes = [4]string{"input", "output", "cached_input", "reasoning"}
 
 // keyMetrics are the per-key series (SPEC §16). Like the other
 // collectors they are process-wide, so counters survive reloads.
