@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	anthropic "github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/openai/openai-go/v3"
 	ooption "github.com/openai/openai-go/v3/option"
 )
@@ -703,5 +705,48 @@ func TestKeysSecretNeverLeaks(t *testing.T) {
 				t.Errorf("%s contains a client secret (%s)", where, s)
 			}
 		}
+	}
+}
+
+// TestKeysReadmeExample loads the README's key example as written and
+// checks what it promises: no key 401, the team's key on a model outside
+// its list 403, its model list its two models.
+func TestKeysReadmeExample(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "## Client keys")
+	if !ok {
+		t.Fatal("README has no client keys section")
+	}
+	_, block, ok := strings.Cut(sec, "```caddyfile\n")
+	if !ok {
+		t.Fatal("no caddyfile block")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	t.Setenv("TEAM_WEB_KEY", "llmr-readme-5ecret")
+	t.Setenv("OPENAI_API_KEY", "sk-test-secret-readme")
+	p := &proxy{t: t, port: freePort(t), aport: freePort(t)}
+	p.URL = fmt.Sprintf("http://127.0.0.1:%d", p.port)
+	site := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n}\n:%d {\n%s}\n", p.aport, p.port, block)
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), nil)
+	if err != nil {
+		t.Fatalf("the README example does not adapt: %v", err)
+	}
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		t.Fatalf("the README example does not load: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	expectAPIError(t, p.chat(chatBody("coder", false)), 401, "invalid_api_key")
+	expectAPIError(t, p.chat(chatBody("research", false), "Authorization", "Bearer llmr-readme-5ecret"), 403, "model_not_allowed")
+	req, _ := http.NewRequest("GET", p.URL+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer llmr-readme-5ecret")
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp); !strings.Contains(body, `"id":"coder"`) || !strings.Contains(body, `"id":"chat"`) || strings.Contains(body, "research") {
+		t.Fatalf("models for the key: %s", body)
 	}
 }
