@@ -349,6 +349,7 @@ func (p *proxy) keyStatus(id string) map[string]any {
 func parallelBudget(t *testing.T, id string, key map[string]any, price float64) (p *proxy, served, refused int) {
 	g := newGate()
 	up := newUpstream(t, gatedUsage(g, 20, 1000))
+	t.Cleanup(g.open) // before the upstream closes (LIFO), so a failing test does not hang on held requests
 	h := basicConfig(up, 0)
 	h["upstreams"].([]any)[0].(map[string]any)["price_output"] = price
 	key["id"], key["secret"] = id, secretTeam
