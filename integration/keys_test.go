@@ -585,6 +585,10 @@ func TestKeysReload(t *testing.T) {
 	if got := p.keyStatus("a")["tokens_today"].(float64); got != 24 {
 		t.Fatalf("a's counter %v, want 24", got)
 	}
+	// b's series left with b; a's continue.
+	if m := p.metrics(); strings.Contains(m, `key="b"`) || !strings.Contains(m, `llm_proxy_key_requests_total{key="a",model="m",result="ok"} 6`) {
+		t.Fatalf("key series after the reloads:\n%s", grepLines(m, "llm_proxy_key_"))
+	}
 	// Removing every key opens the API again.
 	delete(h, "keys")
 	p.load(h)
@@ -750,4 +754,15 @@ func TestKeysReadmeExample(t *testing.T) {
 	if body := readAll(t, resp); !strings.Contains(body, `"id":"coder"`) || !strings.Contains(body, `"id":"chat"`) || strings.Contains(body, "research") {
 		t.Fatalf("models for the key: %s", body)
 	}
+}
+
+// grepLines returns the lines of text containing sub.
+func grepLines(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

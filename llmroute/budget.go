@@ -224,3 +224,12 @@ func (h *Handler) metricsForKeys() error {
 	}
 	return nil
 }
+
+// pruneKeySeries drops the series of keys no loaded config names (live),
+// as pruneSeries does for models and upstreams; kept keys keep counting.
+func pruneKeySeries(live map[string]bool) {
+	keep := func(l prometheus.Labels) bool { return live[l["key"]] }
+	deleteSeries(keyMetrics.requests, keep)
+	deleteSeries(keyMetrics.tokens, keep)
+	deleteSeries(keyMetrics.spend, keep)
+}
