@@ -273,7 +273,8 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, f front) 
 			return k
 		}
 	}
-	if c := h.logger.Check(zapcore.InfoLevel, "client key refused"); c != nil {
+	// Debug: anyone can send these, and the access log has the 401.
+	if c := h.logger.Check(zapcore.DebugLevel, "client key refused"); c != nil {
 		c.Write(zap.Bool("key_sent", secret != ""), zap.String("path", r.URL.Path))
 	}
 	errInvalidKey.writeAs(w, keyErrorFront(r, f))
