@@ -70,6 +70,9 @@ func init() {
 //	        first_byte_timeout  <duration>
 //	        stream_idle_timeout <duration>
 //	        probe_interval      <duration>
+//	        price_input         <USD per million tokens>
+//	        price_output        <USD per million tokens>
+//	        price_cached_input  <USD per million tokens>
 //	        patch               <patch>
 //	    }
 //
@@ -78,6 +81,17 @@ func init() {
 //	        queue_size          <int>
 //	        queue_timeout       <duration>
 //	        patch               <patch>
+//	    }
+//
+//	    key <id> {
+//	        secret              <secret or placeholder>
+//	        sha256              <hex digest of the secret>
+//	        models              <name or glob> [...]
+//	        rpm                 <int>
+//	        burst               <int>
+//	        tokens_per_day      <int>
+//	        spend_per_day       <USD>
+//	        spend_per_month     <USD>
 //	    }
 //	}
 //
@@ -144,6 +158,7 @@ func unmarshalHandler(d *caddyfile.Dispenser) (*llmroute.Handler, error) {
 		providers: make(map[string]int),
 		upstreams: make(map[string]int),
 		models:    make(map[string]int),
+		keys:      make(map[string]int),
 	}
 	if err := p.handler(); err != nil {
 		return nil, err
@@ -160,6 +175,7 @@ type parser struct {
 	providers map[string]int
 	upstreams map[string]int
 	models    map[string]int
+	keys      map[string]int
 
 	// refs are provider and upstream references, checked at the end so that
 	// definitions may come in any order. Each error is made while the
@@ -206,6 +222,8 @@ func (p *parser) handler() error {
 			err = p.upstream()
 		case "model":
 			err = p.model()
+		case "key":
+			err = p.key()
 		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
 			"client_write_timeout", "max_request_body", "queue_size", "cors", "max_rewrite_size", "route_headers":
 			if err = seen.once(d, "", name); err != nil {
@@ -404,6 +422,12 @@ func (p *parser) upstream() error {
 			up.StreamIdleTimeout, err = p.duration(where, name)
 		case "probe_interval":
 			up.ProbeInterval, err = p.duration(where, name)
+		case "price_input":
+			up.PriceInput, err = p.usd(where, name)
+		case "price_output":
+			up.PriceOutput, err = p.usd(where, name)
+		case "price_cached_input":
+			up.PriceCachedInput, err = p.usd(where, name)
 		case "patch":
 			up.Patch, err = p.patch(where)
 		default:

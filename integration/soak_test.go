@@ -69,6 +69,11 @@ const soakEnvKey = "sk-soak-env-key-a-5e1d"
 // soakKeys are every provider key of the soak, to look for in the logs.
 var soakKeys = []string{soakEnvKey, "sk-soak-secret-b-93c2", "sk-soak-secret-c-0a7f"}
 
+// soakClientKey is the client key every soak request sends (SPEC §16): a
+// budget too large to refuse, so every attempt reserves and settles under
+// faults, cancels and reloads; it must never reach the log.
+const soakClientKey = "llmr-soak-client-6f3a"
+
 // soakDrop is a request whose answer was missing (the connection closed
 // before any response) or, for a completion, cut short.
 type soakDrop struct {
@@ -408,7 +413,8 @@ func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string
 				"queue_timeout", pick("500ms", "1s")),
 			obj("name", "soak-all", "upstreams", []string{"a1", "a2", "b1", "c1"}),
 		},
-		"request_timeout", pick("2s", "3s"), "heartbeat_interval", pick("100ms", "150ms"), "retry_after_max", "1s")
+		"request_timeout", pick("2s", "3s"), "heartbeat_interval", pick("100ms", "150ms"), "retry_after_max", "1s",
+		"keys", []any{obj("id", "soak-client", "secret", "{env.LLM_ROUTE_SOAK_CLIENT}", "tokens_per_day", 1_000_000_000_000)})
 	return conf, limits
 }
 
@@ -447,6 +453,7 @@ func TestFaultSoak(t *testing.T) {
 	fmt.Printf("soak: %v, seed %d (replay: LLMROUTE_SOAK_SEED=%d)\n", duration, seed, seed)
 	t.Logf("soak: %v, seed %d (replay: LLMROUTE_SOAK_SEED=%d)", duration, seed, seed)
 	t.Setenv("LLM_ROUTE_SOAK_KEY", soakEnvKey)
+	t.Setenv("LLM_ROUTE_SOAK_CLIENT", soakClientKey)
 	rnd := rand.New(rand.NewSource(seed))
 	a := newSoakServer(t, seed+1, "Bearer "+soakEnvKey)
 	b := newSoakServer(t, seed+2, "Bearer "+soakKeys[1], "b1")
@@ -463,7 +470,7 @@ func TestFaultSoak(t *testing.T) {
 
 	// Warm up, then take the goroutine baseline.
 	for _, stream := range []bool{false, true} {
-		if resp, err := p.post(context.Background(), chatBody("soak-fast", stream), "X-Soak-Id", "0"); err == nil {
+		if resp, err := p.post(context.Background(), chatBody("soak-fast", stream), "X-Soak-Id", "0", "Authorization", "Bearer "+soakClientKey); err == nil {
 			_, _ = faultRead(resp)
 		}
 	}
@@ -669,6 +676,14 @@ func TestFaultSoak(t *testing.T) {
 		if strings.Contains(logs, k) {
 			t.Errorf("a provider key appears in the log")
 		}
+	}
+	if strings.Contains(logs, soakClientKey) {
+		t.Errorf("the client key appears in the log")
+	}
+	// Every reservation was settled or released: faults, cancels and
+	// reloads leak none.
+	if k := p.keyStatus("soak-client"); k["reserved_tokens"].(float64) != 0 || k["tokens_today"].(float64) == 0 {
+		t.Errorf("client key after the soak: %v (want nothing reserved, tokens counted)", k)
 	}
 
 	// Goroutines back to the baseline.
@@ -891,7 +906,7 @@ func soakRequest(p *proxy, id int64, model string, stream bool, cancelAfter time
 		tm := time.AfterFunc(cancelAfter, func() { cancelled.Store(true); cancel() })
 		defer tm.Stop()
 	}
-	resp, err := p.post(ctx, chatBody(model, stream), "X-Soak-Id", strconv.FormatInt(id, 10))
+	resp, err := p.post(ctx, chatBody(model, stream), "X-Soak-Id", strconv.FormatInt(id, 10), "Authorization", "Bearer "+soakClientKey)
 	if err != nil {
 		if cancelled.Load() {
 			return "client_cancel", ""

@@ -165,6 +165,15 @@ type Upstream struct {
 
 	// ProbeInterval overrides the provider's probe period.
 	ProbeInterval *Duration `json:"probe_interval,omitempty"`
+
+	// PriceInput is what this upstream charges per million input tokens,
+	// in USD, for client keys' spend budgets. Default 0 (free).
+	PriceInput float64 `json:"price_input,omitempty"`
+	// PriceOutput is the USD price per million output tokens. Default 0.
+	PriceOutput float64 `json:"price_output,omitempty"`
+	// PriceCachedInput is the USD price per million cached input tokens.
+	// Default: price_input (no cache discount).
+	PriceCachedInput float64 `json:"price_cached_input,omitempty"`
 }
 
 // Model is what clients ask for: a name and an ordered list of upstreams.
@@ -237,6 +246,7 @@ var configLists = []struct {
 	{"providers", func() any { return new(Provider) }},
 	{"upstreams", func() any { return new(Upstream) }},
 	{"models", func() any { return new(Model) }},
+	{"keys", func() any { return new(ClientKey) }},
 }
 
 // locateDecodeError finds where the handler config b failed to decode with
@@ -385,6 +395,9 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		}
 		if err := checkPatch(u.Patch); err != nil {
 			bad("%s: patch: %v", where, err)
+		}
+		if u.PriceInput < 0 || u.PriceOutput < 0 || u.PriceCachedInput < 0 {
+			bad("%s: prices must not be negative", where)
 		}
 	}
 

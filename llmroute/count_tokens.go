@@ -19,7 +19,7 @@ import (
 // (a paid chat fallback would be sent the whole prompt for nothing): the
 // first non-cooling native one answers, passed through; when there is none,
 // or it fails, the proxy estimates, saying so in X-LLM-Route-Estimate.
-func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request) error {
+func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *clientKey) error {
 	bodyBuf := getBuffer()
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
@@ -39,6 +39,10 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request) error
 	rt := h.routes[model]
 	if rt == nil {
 		errUnknownModel(model).writeAs(w, frontCountTokens)
+		return nil
+	}
+	if key != nil && !key.allows(rt.name) {
+		h.refuseKey(w, r, frontCountTokens, key, rt.name, errModelNotAllowed(rt.name))
 		return nil
 	}
 	now := time.Now()

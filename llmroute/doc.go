@@ -36,6 +36,13 @@
 //   - admin.go     admin.api.llm_route: /llm_route/status, explain, the page
 //     (admin_page.html/.js/.css, embedded)
 //   - cli/         `caddy llm-route status|explain`, over the admin API
+//   - auth.go      client keys (SPEC §16): config, authentication on every
+//     front, model lists, refusals, per-key status
+//   - budget.go    per-attempt budget reservation and settlement, prices,
+//     per-key metrics
+//   - keys/        the key state behind a small Store interface (GCRA,
+//     budgets; atomic per key) with the embedded memory store; a shared
+//     backend implements the same interface
 //
 // Arrows that never exist: llmroute never imports the caddyfile package;
 // packages transform and wire/* import nothing of Caddy or of this package; state.go

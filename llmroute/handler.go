@@ -9,6 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/keys"
 )
 
 func init() {
@@ -35,6 +37,7 @@ func init() {
 // | `{http.llm_route.upstream}` | the upstream id that served the request |
 // | `{http.llm_route.provider}` | the provider id of that upstream |
 // | `{http.llm_route.attempts}` | how many upstreams were tried |
+// | `{http.llm_route.key}` | the id of the client key the request used (keys only) |
 type Handler struct {
 	// Providers are the backends (base URL + key).
 	Providers []Provider `json:"providers,omitempty"`
@@ -96,6 +99,11 @@ type Handler struct {
 	// `X-LLM-Route-Skipped` (why each upstream was passed over) to the
 	// proxy's own 503s. Default true; false removes them.
 	RouteHeaders *bool `json:"route_headers,omitempty"`
+	// Keys are the client keys (SPEC §16). Default: none, and the API is
+	// open to anyone who reaches it. With any key configured, every API
+	// request needs one: a missing or unknown key is 401, a model outside
+	// the key's models 403, a key over its rate or budget 429.
+	Keys []ClientKey `json:"keys,omitempty"`
 
 	ctx       caddy.Context
 	logger    *zap.Logger
@@ -130,6 +138,10 @@ type Handler struct {
 	corsAny     bool     // cors lists "*"
 	corsOrigins []string // the other listed origins
 	watchKeys   []string // top-level keys checked for duplicates (transform.ParseRequestKeys)
+
+	keys     map[[32]byte]*clientKey // by SHA-256 of the secret; nil = no keys configured
+	keyIDs   []string                // accounts this instance acquired in keyStore
+	keyStore keys.Store
 
 	stopProber chan struct{}
 	proberDone chan struct{}

@@ -216,6 +216,7 @@ type liveSeries struct {
 	upstreams map[[2]string]bool // upstream, provider
 	models    map[string]bool
 	queued    map[string]bool // models with a queue
+	keys      map[string]bool // client key ids
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -224,11 +225,15 @@ func seriesOf(g *generation) liveSeries {
 		upstreams: make(map[[2]string]bool),
 		models:    make(map[string]bool),
 		queued:    make(map[string]bool),
+		keys:      make(map[string]bool),
 	}
 	if g == nil {
 		return s
 	}
 	for h := range g.handlers {
+		for _, k := range h.Keys {
+			s.keys[k.ID] = true
+		}
 		for _, u := range h.upstreams {
 			s.upstreams[[2]string{u.id, u.provider}] = true
 		}
@@ -262,6 +267,7 @@ func pruneSeries(g *generation) {
 		return live.models[l["model"]]
 	})
 	m.vis.prune(live)
+	pruneKeySeries(live.keys)
 }
 
 // labelledVec is what CounterVec and HistogramVec have in common.

@@ -70,6 +70,7 @@ type upstream struct {
 
 	state   *upstreamState
 	backoff *backoffState // nil when backoff is off
+	price   prices        // for client keys' budgets (budget.go)
 
 	basePatch *transform.Patch // provider patch then upstream patch
 	probeBody []byte           // SPEC §3 probe, patches applied
@@ -207,6 +208,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.created = time.Now().Unix()
 	h.modelsBody = modelsListBody(h.modelList, h.created)
 	h.anthropicModels = anthropic.ModelsBody(h.modelList, time.Unix(h.created, 0))
+	if err := h.provisionKeys(); err != nil {
+		return err
+	}
 
 	h.logSummary()
 
@@ -297,6 +301,7 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		sessionHdr:  http.CanonicalHeaderKey(p.SessionHeader),
 		reasoning:   p.ReasoningField,
 		emptyOK:     p.ReasoningEmptyOK,
+		price:       compilePrices(uc),
 	}
 	target, err := url.Parse(u.url)
 	if err != nil {
@@ -475,6 +480,7 @@ func (h *Handler) Cleanup() error {
 		h.transport.CloseIdleConnections()
 	}
 	h.refs.release()
+	h.releaseKeys()
 	leaveGeneration(h)
 	return nil
 }

@@ -43,6 +43,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		errMethod(allow).writeAs(w, f)
 		return nil
 	}
+	var key *clientKey
+	if h.keys != nil {
+		if key = h.authenticate(w, r, f); key == nil || h.keyListing(w, r, f, key, id) {
+			return nil
+		}
+	}
 	switch f {
 	case frontModels:
 		if r.Header.Get("Anthropic-Version") != "" {
@@ -53,9 +59,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case frontModel:
 		return h.serveModel(w, id)
 	case frontCountTokens:
-		return h.serveCountTokens(w, r)
+		return h.serveCountTokens(w, r, key)
 	}
-	return h.serveFront(w, r, f)
+	return h.serveFront(w, r, f, key)
 }
 
 // methodAllowed reports whether method is in the comma-separated allow.
@@ -74,7 +80,7 @@ func methodAllowed(allow, method string) bool {
 // messages, responses, embeddings, completions): read → parse → admit →
 // attempt (failing over to the next upstream while nothing has reached the
 // client) → respond. Only the attempt knows the front's wire format.
-func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) error {
+func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, key *clientKey) error {
 	arrival := time.Now()
 	bodyBuf := getBuffer()
 	defer putBuffer(bodyBuf)
@@ -112,6 +118,13 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		errDuplicateKey.writeAs(w, f)
 		return nil
 	}
+	var kr *keyReq
+	if key != nil {
+		if kr = h.admitKey(w, r, f, key, rt, body); kr == nil {
+			return nil
+		}
+		defer kr.release() // a reservation an aborted attempt left
+	}
 	if fr.api != apiChat {
 		fr.session = clientSession(r)
 	}
@@ -133,6 +146,12 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		apiErr.writeAs(w, f)
 		return nil
 	}
+	if kr != nil {
+		if idx, apiErr = h.reserveAttempt(kr, rt, idx); apiErr != nil {
+			apiErr.writeAs(w, f)
+			return nil
+		}
+	}
 	var failures []attemptRecord
 	for {
 		t := &rt.targets[idx]
@@ -144,6 +163,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		}
 		h.setRouteHeaders(w, t, len(failures)+1)
 		res := h.attempt(w, r, rt, t, body, &fr)
+		if kr != nil {
+			h.settleAttempt(kr, t, res)
+		}
 		if len(failures) == 0 {
 			h.observeOverhead(res, arrival, queued)
 		}
@@ -159,11 +181,20 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		}
 		failures = append(failures, attemptRecord{upstream: t.up.id, result: res.result, status: res.status})
 		next, ok := h.claimNext(rt, idx+1)
+		if ok && kr != nil {
+			if next, apiErr = h.reserveAttempt(kr, rt, next); apiErr != nil {
+				apiErr.writeAs(w, f)
+				return nil
+			}
+		}
 		if !ok {
 			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
 				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
 			}
 			e := h.allFailed(rt, failures)
+			if kr != nil {
+				kr.served(e.code)
+			}
 			if e.status == http.StatusServiceUnavailable {
 				h.setSkipped(w, rt, failures, time.Now())
 			} else {

@@ -21,6 +21,9 @@ type statusSnapshot struct {
 	Upstreams []upstreamStatus `json:"upstreams"`
 	Providers []providerStatus `json:"providers"`
 	Models    []modelStatus    `json:"models"`
+	// Keys is each client key's usage in the current UTC day and month
+	// (absent when no key is configured).
+	Keys []keyStatus `json:"keys,omitempty"`
 	// Sessions is the number of conversations in the session registry.
 	Sessions int `json:"sessions"`
 	// ConfigLoadedAt is when the newest running config started (null: no
@@ -169,6 +172,7 @@ func snapshot(now time.Time) statusSnapshot {
 		gone = append(gone, us)
 		return true
 	})
+	snap.Keys = keyStatuses(live, now)
 	slices.SortFunc(gone, func(a, b upstreamStatus) int { return cmp.Compare(a.ID, b.ID) })
 	snap.Upstreams = append(snap.Upstreams, gone...)
 
