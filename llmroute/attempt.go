@@ -57,6 +57,15 @@ type attemptResult struct {
 	// translated), for the completion log.
 	api  api
 	mode string
+	// retryAfter is the upstream's Retry-After on a 429/503 (0: none); the
+	// upstream cools for it only when the run ends on this failure.
+	retryAfter time.Duration
+	// noBlame: a failover that records no failure (a context-length
+	// refusal: the upstream is fine, the prompt too long for it).
+	noBlame bool
+	// next is the target a context-length refusal already claimed for the
+	// failover (0: none; a claimed next is never the route's first).
+	next int
 }
 
 // Reasons a stream can end abnormally after its first byte reached the

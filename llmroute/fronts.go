@@ -155,6 +155,8 @@ type frontReq struct {
 	api     api
 	stream  bool
 	session string // the client's own session id, "" for none
+	rt      *route // the route being walked, and the index of the
+	idx     int    // attempt's target in it (for a context-length failover)
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint: native

@@ -96,6 +96,12 @@ type Handler struct {
 	// `X-LLM-Route-Skipped` (why each upstream was passed over) to the
 	// proxy's own 503s. Default true; false removes them.
 	RouteHeaders *bool `json:"route_headers,omitempty"`
+	// LongContextThreshold (estimated prompt tokens) marks a request as
+	// long-context: above it, the request holds one of its provider's
+	// long_context_capacity slots as well as a normal slot, and an upstream
+	// whose provider has none free is passed over (next upstream, or the
+	// queue). Default 0: no request is long-context.
+	LongContextThreshold int `json:"long_context_threshold,omitempty"`
 
 	ctx       caddy.Context
 	logger    *zap.Logger
@@ -124,6 +130,7 @@ type Handler struct {
 	maxBody        int64
 	maxRewrite     int64
 	routeHeaders   bool
+	longRefs       []string // providers whose long-context slots this instance holds
 
 	corsAny     bool     // cors lists "*"
 	corsOrigins []string // the other listed origins
