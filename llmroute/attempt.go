@@ -66,6 +66,9 @@ type attemptResult struct {
 	// next is the target a context-length refusal already claimed for the
 	// failover (0: none; a claimed next is never the route's first).
 	next int
+	// counted: the exchange was counted already (a retry run the client
+	// left during its pause).
+	counted bool
 }
 
 // Reasons a stream can end abnormally after its first byte reached the
@@ -94,7 +97,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 			panic(p)
 		}
 	}()
-	res = h.exchange(w, r, t, body, fr)
+	res = h.exchangeRetrying(w, r, rt, t, body, fr)
 	h.finish(rt, t, res, start)
 	recorded = true
 	if res.abort {
@@ -259,15 +262,14 @@ func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
 // finish releases the slot and records the attempt: metric, backoff, log.
 func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Time) {
 	u := t.up
+	t.long.release() // before the slot: its release wakes the queue
 	n := u.state.release()
 	now := time.Now()
-	if res.out == outFailover || res.fault {
+	if res.out == outFailover && !res.noBlame || res.fault {
 		u.recordFailure(now, h.logger)
 	}
-	if c := t.counters[res.result]; c != nil {
-		c.Inc()
-	} else {
-		h.metrics.requests.WithLabelValues(rt.name, u.id, u.provider, res.result).Inc()
+	if !res.counted {
+		h.countAttempt(rt, t, res)
 	}
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),

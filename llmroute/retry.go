@@ -5,6 +5,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Same-upstream retries (SPEC §15). An attempt's run on one upstream may
@@ -76,5 +79,46 @@ func pause(ctx context.Context, d time.Duration) bool {
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// exchangeRetrying runs the exchanges of one attempt on t's upstream: the
+// first, then the retries nextTry allows. Every exchange but the last is
+// counted here; the last one's result goes back to attempt, which records
+// it (metric, backoff, slot) as it records any attempt. A Retry-After that
+// was not waited out cools the upstream now that the run ends on it.
+func (h *Handler) exchangeRetrying(w http.ResponseWriter, r *http.Request, rt *route, t *target, body []byte, fr *frontReq) attemptResult {
+	u := t.up
+	run := retryRun{start: time.Now()}
+	for {
+		res := h.exchange(w, r, t, body, fr)
+		now := time.Now()
+		wait, again := h.nextTry(u, res, &run, now)
+		if !again {
+			if res.out == outFailover && res.retryAfter > 0 {
+				h.holdRetryAfter(u, res.status, res.retryAfter, now)
+			}
+			return res
+		}
+		h.countAttempt(rt, t, res)
+		if c := h.logger.Check(zapcore.InfoLevel, "retrying on the same upstream"); c != nil {
+			c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("result", res.result),
+				zap.Int("status", res.status), zap.Duration("pause", wait), zap.Bool("retry_after", run.waited && res.retryAfter > 0),
+				zap.Int("retry", run.retries))
+		}
+		if !pause(r.Context(), wait) {
+			// The client left while the proxy waited: nothing reached it,
+			// and the upstream's blip is not held against it.
+			return attemptResult{out: outDone, result: resultCancelled, counted: true, api: res.api, mode: res.mode}
+		}
+	}
+}
+
+// countAttempt counts one exchange in llm_proxy_requests_total.
+func (h *Handler) countAttempt(rt *route, t *target, res attemptResult) {
+	if c := t.counters[res.result]; c != nil {
+		c.Inc()
+	} else {
+		h.metrics.requests.WithLabelValues(rt.name, t.up.id, t.up.provider, res.result).Inc()
 	}
 }

@@ -113,6 +113,16 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		errDuplicateKey.writeAs(w, f)
 		return nil
 	}
+	if rt.sized() {
+		// Estimated once per request: context windows and long-context
+		// slots narrow the upstreams it may go to (context.go).
+		est := estimateTokens(body)
+		need := est.prompt + est.output
+		if rt = rt.fitting(need, h.LongContextThreshold > 0 && est.prompt > h.LongContextThreshold); rt == nil {
+			errContextTooLong(need).writeAs(w, f)
+			return nil
+		}
+	}
 	if fr.api != apiChat {
 		fr.session = clientSession(r)
 	}
@@ -142,6 +152,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
 		}
 		h.setRouteHeaders(w, t, len(failures)+1)
+		fr.rt, fr.idx = rt, idx
 		res := h.attempt(w, r, rt, t, body, &fr)
 		if res.out != outFailover {
 			if res.result == resultCancelled && res.status == 0 {
@@ -152,7 +163,10 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 			return nil
 		}
 		failures = append(failures, attemptRecord{upstream: t.up.id, result: res.result, status: res.status})
-		next, ok := h.claimNext(rt, idx+1)
+		next, ok := res.next, res.next > 0 // claimed by a context-length failover
+		if !ok {
+			next, ok = h.claimNext(rt, idx+1)
+		}
 		if !ok {
 			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
 				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
