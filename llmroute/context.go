@@ -112,11 +112,15 @@ type fitRoutes struct {
 	// long[j] is fit[j] for a long-context request: each target also holds
 	// a long-context slot of its provider.
 	long []*route
+	// threshold is the handler's long_context_threshold (0: off).
+	threshold int
 }
 
-// prepareFit computes rt's size variants; longOn says the handler marks
-// long-context requests at all.
-func (rt *route) prepareFit(longOn bool) {
+// prepareFit computes rt's size variants for the handler's
+// long_context_threshold (0: no request is long-context).
+func (rt *route) prepareFit(threshold int) {
+	longOn := threshold > 0
+	rt.sizes.threshold = threshold
 	seen := map[int]bool{}
 	for _, t := range rt.targets {
 		if w := t.up.window; w > 0 && !seen[w] {
@@ -160,11 +164,11 @@ func (rt *route) restricted(j int, long bool) *route {
 // sized reports whether requests to rt need a size estimate.
 func (rt *route) sized() bool { return len(rt.sizes.windows) > 0 || len(rt.sizes.long) > 0 }
 
-// fitting returns the variant of rt for a request needing need tokens
-// (prompt plus max_tokens), nil when no upstream's window is large enough.
-func (rt *route) fitting(need int, long bool) *route {
-	j := sort.SearchInts(rt.sizes.windows, need) // windows below need are too small
-	if long && len(rt.sizes.long) > 0 {
+// fitting returns the variant of rt for a request of est, nil when no
+// upstream's window is large enough for its prompt plus max_tokens.
+func (rt *route) fitting(est tokenEstimate) *route {
+	j := sort.SearchInts(rt.sizes.windows, est.prompt+est.output) // windows below it are too small
+	if rt.sizes.threshold > 0 && est.prompt > rt.sizes.threshold {
 		return rt.sizes.long[j]
 	}
 	return rt.sizes.fit[j]

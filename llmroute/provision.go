@@ -204,11 +204,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("llm_route config: long_context_threshold must not be negative")
 	}
 	for _, rt := range h.routes {
-		rt.prepareFit(h.LongContextThreshold > 0)
+		rt.prepareFit(h.LongContextThreshold)
 	}
 	for _, byName := range h.nativeRoutes {
 		for _, rt := range byName {
-			rt.prepareFit(h.LongContextThreshold > 0)
+			rt.prepareFit(h.LongContextThreshold)
 		}
 	}
 	if err := h.provisionRequests(); err != nil {

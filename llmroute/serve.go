@@ -117,9 +117,8 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		// Estimated once per request: context windows and long-context
 		// slots narrow the upstreams it may go to (context.go).
 		est := estimateTokens(body)
-		need := est.prompt + est.output
-		if rt = rt.fitting(need, h.LongContextThreshold > 0 && est.prompt > h.LongContextThreshold); rt == nil {
-			errContextTooLong(need).writeAs(w, f)
+		if rt = rt.fitting(est); rt == nil {
+			errContextTooLong(est.prompt + est.output).writeAs(w, f)
 			return nil
 		}
 	}
