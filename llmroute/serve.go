@@ -118,7 +118,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		// slots narrow the upstreams it may go to (context.go).
 		est := estimateTokens(body)
 		if rt = rt.fitting(est); rt == nil {
-			errContextTooLong(est.prompt + est.output).writeAs(w, f)
+			errContextTooLong(est.prompt+est.output).writeAs(w, f)
 			return nil
 		}
 	}
