@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -182,23 +183,24 @@ type tokenEstimate struct {
 
 // estimateTokens estimates a request's prompt tokens in one pass over its
 // body, without a tokenizer (the hot path cannot afford one, and the real
-// count depends on the upstream's model anyway):
+// count depends on the upstream's model anyway). It runs only for models
+// with a context_window or when long_context_threshold is set, once per
+// request, on the body the front already read:
 //
 //   - every JSON string of the body counts, keys included (they stand in
 //     for the per-message framing a chat template adds), except the model
 //     name; escapes count as the character they stand for;
-//   - ASCII text counts one token per 4 bytes, rounded up per string;
-//     every non-ASCII character counts one token (CJK is about 1–1.5 per
-//     character in cl100k/o200k, accented Latin much less);
+//   - each string is cut the way a byte-pair encoder cuts text (scanString);
 //   - a `data:` URL (an inline image or file) counts a flat 1000 tokens,
 //     not its base64 length;
 //   - the output budget is the top-level max_tokens,
 //     max_completion_tokens or max_output_tokens.
 //
-// TestTokenEstimateAgainstBPE measures its error against a real BPE
-// tokenizer on real chat bodies: within about ±25% on English chat and code
-// conversations, an overestimate on JSON-heavy tool schemas. Size the
-// context windows with that margin in mind.
+// TestTokenEstimateAgainstBPE measures its error against the cl100k and
+// o200k BPE tokenizers on real bodies: 0.8–1.3× the real count on English
+// chat and code, Russian and Chinese, 0.85–0.95× on Claude Code and Codex
+// requests (tool schemas), up to 1.5× on short JSON-heavy tool-call
+// histories. Leave that margin when sizing context windows.
 func estimateTokens(body []byte) tokenEstimate {
 	var est tokenEstimate
 	depth := 0
@@ -218,7 +220,7 @@ func estimateTokens(body []byte) tokenEstimate {
 			value = false
 		case c == '"':
 			start := i + 1
-			end, ascii, other, data := scanString(body, start)
+			end, n, data := scanString(body, start)
 			i = end
 			if top && !value {
 				key = body[start:min(end, len(body))]
@@ -228,7 +230,7 @@ func estimateTokens(body []byte) tokenEstimate {
 			if data {
 				est.prompt += 1000
 			} else {
-				est.prompt += (ascii+3)/4 + other
+				est.prompt += n
 			}
 		case top && value && c >= '0' && c <= '9':
 			j := i
@@ -248,33 +250,78 @@ func estimateTokens(body []byte) tokenEstimate {
 }
 
 // scanString scans a JSON string whose content starts at i and returns the
-// index of its closing quote, its ASCII byte and non-ASCII character
-// counts, and whether it is a data: URL.
-func scanString(b []byte, i int) (end, ascii, other int, data bool) {
+// index of its closing quote, its estimated tokens, and whether it is a
+// data: URL. It mimics how a byte-pair encoder cuts text: a run of letters
+// and digits is one token plus one per further 6 bytes (long or rare words
+// split), a leading space joins the word after it, each punctuation mark is
+// a token, a run of whitespace (indentation, blank lines) is one; a
+// character of three or more UTF-8 bytes (CJK, emoji) is a token of its
+// own, while two-byte letters (Cyrillic, Greek, accented Latin) count as
+// word bytes.
+func scanString(b []byte, i int) (end, tokens int, data bool) {
 	data = bytes.HasPrefix(b[i:], []byte("data:"))
+	word := 0  // bytes in the current word
+	space := 0 // length of the current whitespace run
+	flush := func() {
+		if word > 0 {
+			tokens += 1 + (word-1)/6
+			word = 0
+		}
+		if space > 1 {
+			tokens++ // a single space joins the next word
+		}
+		space = 0
+	}
 	for i < len(b) {
 		c := b[i]
+		size := 1
+		r := rune(c)
 		switch {
 		case c == '"':
-			return i, ascii, other, data
-		case c == '\\':
-			i += 2
-			if i-1 < len(b) && b[i-1] == 'u' {
-				i += 4
-				other++
-				continue
+			flush()
+			return i, tokens, data
+		case c == '\\' && i+1 < len(b):
+			size = 2
+			switch b[i+1] {
+			case 'n', 'r', 't':
+				r = '\n'
+			case 'u':
+				size = 6
+				if i+6 <= len(b) {
+					if v, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 32); err == nil {
+						r = rune(v)
+					}
+				}
+			default:
+				r = rune(b[i+1])
 			}
-			ascii++
-		case c < utf8.RuneSelf:
-			ascii++
-			i++
-		default:
-			_, size := utf8.DecodeRune(b[i:])
-			other++
-			i += size
+		case c >= utf8.RuneSelf:
+			r, size = utf8.DecodeRune(b[i:])
+		}
+		i += size
+		switch n := utf8.RuneLen(r); {
+		case r == ' ' || r == '\n' || r == '\t':
+			if word > 0 {
+				flush()
+			}
+			space++
+		case r < utf8.RuneSelf && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'),
+			n == 2 && unicode.IsLetter(r):
+			if space > 1 {
+				flush()
+			}
+			space = 0
+			word += max(n, 1)
+		case n >= 3:
+			flush()
+			tokens++
+		default: // punctuation
+			flush()
+			tokens++
 		}
 	}
-	return len(b), ascii, other, data
+	flush()
+	return len(b), tokens, data
 }
 
 // nextNonSpace returns the first non-whitespace byte at or after i, or 0.
