@@ -3,6 +3,7 @@ package llmroute
 import (
 	"net/http"
 	"strconv"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -157,6 +158,9 @@ type frontReq struct {
 	session string // the client's own session id, "" for none
 	rt      *route // the route being walked, and the index of the
 	idx     int    // attempt's target in it (for a context-length failover)
+	// arrival is when the request reached the handler: time to first
+	// token and the request duration count from it.
+	arrival time.Time
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint: native

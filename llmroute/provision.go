@@ -93,6 +93,10 @@ type target struct {
 	// long is the provider's long-context slot counter, set in the long
 	// variants of a route (fitRoutes) only: a claim takes one of these too.
 	long *longSlots
+	// series are the pair's tokens, TTFT and duration series (usage.go),
+	// bound the same way; bound series also keep a request that ends on a
+	// removed upstream from bringing its pruned series back.
+	series targetSeries
 }
 
 // route is a client-visible model, compiled.
@@ -403,7 +407,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		for _, res := range allResults {
 			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.id, u.provider, res)
 		}
-		rt.targets = append(rt.targets, target{up: u, counters: counters, edit: transform.RequestEdit{
+		rt.targets = append(rt.targets, target{up: u, counters: counters, series: h.metrics.vis.bind(m.Name, u.id, u.provider), edit: transform.RequestEdit{
 			Model:            u.model,
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,

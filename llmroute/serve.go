@@ -75,6 +75,7 @@ func methodAllowed(allow, method string) bool {
 // attempt (failing over to the next upstream while nothing has reached the
 // client) → respond. Only the attempt knows the front's wire format.
 func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) error {
+	arrival := time.Now()
 	bodyBuf := getBuffer()
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
@@ -94,7 +95,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		}
 		return nil
 	}
-	fr := frontReq{f: f, api: frontAPI(f), stream: stream}
+	fr := frontReq{f: f, api: frontAPI(f), stream: stream, arrival: arrival}
 	rt := h.routes[model]
 	if rt == nil {
 		errUnknownModel(model).writeAs(w, f)
@@ -130,7 +131,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		repl.Set("http.llm_route.model", rt.nameAny)
 	}
 
+	admitStart := time.Now()
 	idx, apiErr := h.admit(r, rt)
+	queued := time.Since(admitStart)
 	if apiErr != nil {
 		if apiErr == errClientGone {
 			return caddyhttp.Error(499, errClientClosed)
@@ -153,7 +156,12 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		h.setRouteHeaders(w, t, len(failures)+1)
 		fr.rt, fr.idx = rt, idx
 		res := h.attempt(w, r, rt, t, body, &fr)
+		if len(failures) == 0 {
+			h.observeOverhead(res, arrival, queued)
+		}
 		if res.out != outFailover {
+			h.observeRequest(t, res, arrival)
+			annotateSpan(r, rt, t, res, len(failures)+1)
 			if res.result == resultCancelled && res.status == 0 {
 				// The client left before any answer: nothing was written,
 				// so let Caddy log 499 rather than an empty 200.
