@@ -243,7 +243,9 @@ func TestLongContextAdmission(t *testing.T) {
 			obj("name", "lc-q", "upstreams", []string{"lc-l"}, "queue_size", 4, "queue_timeout", "20s"),
 		},
 		"long_context_threshold", 500,
+		"request_timeout", "20s", // a regression ends the held requests, not the test run
 	))
+	t.Cleanup(g.open)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	held := p.goChat(ctx, longChat("lc", 2000, 0))
