@@ -323,15 +323,3 @@ func scanString(b []byte, i int) (end, tokens int, data bool) {
 	flush()
 	return len(b), tokens, data
 }
-
-// nextNonSpace returns the first non-whitespace byte at or after i, or 0.
-func nextNonSpace(b []byte, i int) byte {
-	for ; i < len(b); i++ {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			continue
-		}
-		return b[i]
-	}
-	return 0
-}
