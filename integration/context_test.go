@@ -84,6 +84,9 @@ func TestContextLengthFailsOver(t *testing.T) {
 					t.Errorf("stream %v: small upstream got %d calls, want 1 (a refusal is not retried)", stream, n)
 				}
 			}
+			if n := len(p.logEntries("context length exceeded, failing over without blame")); n != 2 {
+				t.Errorf("%d context-length log entries, want 2", n)
+			}
 			if v := p.upstreamGauge("fail_streak", prefix+"-s", prefix+"-ps"); v != 0 {
 				t.Errorf("fail streak %v, want 0 (a context-length refusal is not a failure)", v)
 			}

@@ -9,6 +9,9 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Context length (SPEC §15): an upstream that refuses a prompt as too long
@@ -86,6 +89,10 @@ func (ex *exchange) contextRefusal() (attemptResult, int) {
 		return attemptResult{}, refusalLast
 	}
 	drain(resp.Body)
+	if c := ex.h.logger.Check(zapcore.InfoLevel, "context length exceeded, failing over without blame"); c != nil {
+		c.Write(zap.String("upstream", ex.u.id), zap.Int("status", resp.StatusCode),
+			zap.String("to", ex.fr.rt.targets[next].up.id))
+	}
 	return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode,
 		noBlame: true, next: next}, refusalFailover
 }
