@@ -275,6 +275,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 	now := time.Now()
 	if res.out == outFailover && !res.noBlame || res.fault {
 		u.recordFailure(now, h.logger)
+		u.state.lastFailure.Store(&eventRecord{what: res.result, at: now})
 	}
 	if !res.counted {
 		h.countAttempt(rt, t, res)

@@ -128,7 +128,7 @@ type fitRoutes struct {
 // long_context_threshold (0: no request is long-context).
 func (rt *route) prepareFit(threshold int) {
 	longOn := threshold > 0
-	rt.sizes.threshold = threshold
+	rt.sizes = fitRoutes{threshold: threshold} // a route may be shared by several lists
 	seen := map[int]bool{}
 	for _, t := range rt.targets {
 		if w := t.up.window; w > 0 && !seen[w] {
