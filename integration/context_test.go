@@ -290,3 +290,36 @@ func TestLongContextAdmission(t *testing.T) {
 		t.Errorf("local upstream got %d calls in all, want 3", n)
 	}
 }
+
+// TestContextLengthTranslatedFront: a Messages request translated to chat
+// fails over on the chat upstream's context-length refusal like a chat
+// request does, and with nothing left the refusal reaches the client in
+// the Messages error shape.
+func TestContextLengthTranslatedFront(t *testing.T) {
+	refusal := contextRefusals[0]
+	small := newUpstream(t, rawAnswer(refusal.status, refusal.body))
+	big := newUpstream(t, completion("from the big one"))
+	p := startProxy(t, contextPair("clt", small, big))
+	post := func(model string) (int, string) {
+		body := `{"model":"` + model + `","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`
+		req, _ := http.NewRequest(http.MethodPost, p.URL+"/v1/messages", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, readAll(t, resp)
+	}
+	code, body := post("clt")
+	if code != http.StatusOK || !strings.Contains(body, "from the big one") || !strings.Contains(body, `"type":"message"`) {
+		t.Errorf("failover: %d %s; want the big upstream's answer as a Messages message", code, body)
+	}
+	if len(small.Calls()) != 1 || small.Calls()[0].Path != "/v1/chat/completions" {
+		t.Errorf("small upstream calls %v, want one translated chat call", len(small.Calls()))
+	}
+	code, body = post("clt-alone")
+	if code != http.StatusBadRequest || !strings.Contains(body, `"type":"error"`) || !strings.Contains(body, "maximum context length") {
+		t.Errorf("alone: %d %s; want the 400 refusal in the Messages error shape", code, body)
+	}
+}
