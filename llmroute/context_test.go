@@ -141,20 +141,14 @@ func TestTokenEstimateAgainstBPE(t *testing.T) {
 		b, _ := json.Marshal(map[string]any{"model": "gpt-4o", "messages": m, "stream": true, "max_tokens": 1024})
 		return b
 	}
-	sample := func(name string, i int) []byte {
-		raw, err := os.ReadFile("/work/shared/samples/" + name)
+	// The second request of each recorded agent session (shared/samples),
+	// its body kept in testdata so the test runs anywhere.
+	sample := func(name string) []byte {
+		b, err := os.ReadFile("testdata/samples/" + name)
 		if err != nil {
 			return nil
 		}
-		var s struct {
-			Requests []struct {
-				Body json.RawMessage `json:"body"`
-			} `json:"requests"`
-		}
-		if json.Unmarshal(raw, &s) != nil || len(s.Requests) <= i {
-			return nil
-		}
-		return s.Requests[i].Body
+		return b
 	}
 	history, err := os.ReadFile("transform/testdata/openrouter_history.json")
 	if err != nil {
@@ -179,8 +173,8 @@ func TestTokenEstimateAgainstBPE(t *testing.T) {
 		{"chinese chat", chat(
 			[2]string{"user", strings.Repeat("路由器根据自己的槽位计数决定每个请求发往哪里，上游出错时切换到下一个。", 30)}), 0.75, 1.35},
 		{"tool-call history", history, 0.8, 1.6}, // short strings: the keys weigh
-		{"claude code messages (tools)", sample("claude-code-2.1.328.messages.json", 1), 0.8, 1.2},
-		{"codex responses (tools)", sample("codex-0.169.0.responses.json", 1), 0.8, 1.2},
+		{"claude code messages (tools)", sample("claude-code-2.1.328.messages.body.json"), 0.8, 1.2},
+		{"codex responses (tools)", sample("codex-0.169.0.responses.body.json"), 0.8, 1.2},
 	}
 	encs := map[string]tokenizer.Codec{}
 	for _, name := range []tokenizer.Encoding{tokenizer.Cl100kBase, tokenizer.O200kBase} {
