@@ -36,6 +36,7 @@ func init() {
 //	    max_rewrite_size    <size>
 //	    client_write_timeout <duration>
 //	    route_headers       [true|false]
+//	    long_context_threshold <int>
 //
 //	    provider <id> {
 //	        url                 <base url>
@@ -52,6 +53,9 @@ func init() {
 //	        first_byte_timeout  <duration>
 //	        stream_idle_timeout <duration>
 //	        probe_interval      <duration>
+//	        retries             <int>
+//	        retry_after_wait    <duration>
+//	        long_context_capacity <int>
 //	        header              <name> <value>
 //	        forward_headers     <name> [<name>...]
 //	        patch               <patch>
@@ -73,6 +77,9 @@ func init() {
 //	        price_input         <USD per million tokens>
 //	        price_output        <USD per million tokens>
 //	        price_cached_input  <USD per million tokens>
+//	        retries             <int>
+//	        retry_after_wait    <duration>
+//	        context_window      <int>
 //	        patch               <patch>
 //	    }
 //
@@ -230,6 +237,11 @@ func (p *parser) handler() error {
 				return err
 			}
 			err = p.handlerSetting(name)
+		case "long_context_threshold":
+			if err = seen.once(d, "", name); err != nil {
+				return err
+			}
+			p.h.LongContextThreshold, err = p.count("", name)
 		default:
 			return d.Errf("unrecognized llm_route subdirective %q", name)
 		}
@@ -331,6 +343,12 @@ func (p *parser) provider() error {
 			prov.StreamIdleTimeout, err = p.duration(where, name)
 		case "probe_interval":
 			prov.ProbeInterval, err = p.duration(where, name)
+		case "retries":
+			prov.Retries, err = p.count(where, name)
+		case "retry_after_wait":
+			prov.RetryAfterWait, err = p.duration(where, name)
+		case "long_context_capacity":
+			prov.LongContextCapacity, err = p.count(where, name)
 		case "patch":
 			prov.Patch, err = p.patch(where)
 		case "forward_headers": // repeatable: each line appends
@@ -428,6 +446,14 @@ func (p *parser) upstream() error {
 			up.PriceOutput, err = p.usd(where, name)
 		case "price_cached_input":
 			up.PriceCachedInput, err = p.usd(where, name)
+		case "retries":
+			var n int
+			n, err = p.count(where, name)
+			up.Retries = &n
+		case "retry_after_wait":
+			up.RetryAfterWait, err = p.duration(where, name)
+		case "context_window":
+			up.ContextWindow, err = p.count(where, name)
 		case "patch":
 			up.Patch, err = p.patch(where)
 		default:

@@ -394,11 +394,11 @@ func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string
 	conf := cfg(
 		[]map[string]any{
 			obj("id", "sp-a", "url", a.base(), "key", "{env.LLM_ROUTE_SOAK_KEY}", "backoff", "2s", "probe_interval", "200ms",
-				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward),
+				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward, "retries", 1),
 			obj("id", "sp-b", "url", b.base(), "key", soakKeys[1], "think_tags", "split",
 				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward),
 			obj("id", "sp-c", "url", c.base(), "key", soakKeys[2], "first_byte_timeout", fb, "stream_idle_timeout", idle,
-				"forward_headers", soakForward),
+				"forward_headers", soakForward, "retries", rnd.Intn(2), "retry_after_wait", pick("0s", "300ms")),
 		},
 		[]map[string]any{
 			obj("id", "a1", "provider", "sp-a", "model", "a1", "max_concurrency", limits["a1"]),
@@ -684,6 +684,13 @@ func TestFaultSoak(t *testing.T) {
 	// reloads leak none.
 	if k := p.keyStatus("soak-client"); k["reserved_tokens"].(float64) != 0 || k["tokens_today"].(float64) == 0 {
 		t.Errorf("client key after the soak: %v (want nothing reserved, tokens counted)", k)
+	}
+	// sp-a retries once (sp-c at random): its 5xx and resets were retried
+	// on the same upstream, inside the limits checked above.
+	if n := len(p.logEntries("retrying on the same upstream")); n == 0 {
+		t.Error("no same-upstream retry in the whole soak")
+	} else {
+		t.Logf("%d same-upstream retries", n)
 	}
 
 	// Goroutines back to the baseline.

@@ -59,6 +59,18 @@ type attemptResult struct {
 	// translated), for the completion log.
 	api  api
 	mode string
+	// retryAfter is the upstream's Retry-After on a 429/503 (0: none); the
+	// upstream cools for it only when the run ends on this failure.
+	retryAfter time.Duration
+	// noBlame: a failover that records no failure (a context-length
+	// refusal: the upstream is fine, the prompt too long for it).
+	noBlame bool
+	// next is the target a context-length refusal already claimed for the
+	// failover (0: none; a claimed next is never the route's first).
+	next int
+	// counted: the exchange was counted already (a retry run the client
+	// left during its pause).
+	counted bool
 	// What the exchange saw, for metrics and the log (usage.go): the
 	// upstream's token usage, when the request went upstream and when the
 	// first body byte reached the client (zero: not reached).
@@ -93,7 +105,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 			panic(p)
 		}
 	}()
-	res = h.exchange(w, r, t, body, fr)
+	res = h.exchangeRetrying(w, r, rt, t, body, fr)
 	h.finish(rt, t, res, start, fr.arrival)
 	recorded = true
 	if res.abort {
@@ -258,16 +270,15 @@ func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
 // finish releases the slot and records the attempt: metric, backoff, log.
 func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival time.Time) {
 	u := t.up
+	t.long.release() // before the slot: its release wakes the queue
 	n := u.state.release()
 	now := time.Now()
-	if res.out == outFailover || res.fault {
+	if res.out == outFailover && !res.noBlame || res.fault {
 		u.recordFailure(now, h.logger)
 		u.state.lastFailure.Store(&eventRecord{what: res.result, at: now})
 	}
-	if c := t.counters[res.result]; c != nil {
-		c.Inc()
-	} else {
-		h.metrics.requests.WithLabelValues(rt.name, u.id, u.provider, res.result).Inc()
+	if !res.counted {
+		h.countAttempt(rt, t, res)
 	}
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),

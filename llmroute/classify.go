@@ -43,17 +43,23 @@ func statusResult(code int) string {
 	return resultOK
 }
 
-// noteRetryAfter honours an upstream's Retry-After (seconds or HTTP date) or
-// retry-after-ms on 429/503: the upstream cools, in its backoff scope or
-// alone, for at least that long, bounded by retry_after_max.
-func (h *Handler) noteRetryAfter(u *upstream, resp *http.Response, now time.Time) {
+// retryAfterOf reads an upstream's Retry-After (seconds or HTTP date) or
+// retry-after-ms on a 429/503; 0 when there is none.
+func retryAfterOf(resp *http.Response, now time.Time) time.Duration {
 	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
-		return
+		return 0
 	}
 	d, ok := parseRetryAfter(resp.Header, now)
 	if !ok || d <= 0 {
-		return
+		return 0
 	}
+	return d
+}
+
+// holdRetryAfter honours a Retry-After d that was not waited out: the
+// upstream cools, in its backoff scope or alone, for at least that long,
+// bounded by retry_after_max.
+func (h *Handler) holdRetryAfter(u *upstream, status int, d time.Duration, now time.Time) {
 	d = min(d, h.retryAfterMax)
 	if u.backoff != nil {
 		u.backoff.holdFor(now, d)
@@ -67,7 +73,7 @@ func (h *Handler) noteRetryAfter(u *upstream, resp *http.Response, now time.Time
 		}
 	}
 	if c := h.logger.Check(zapcore.InfoLevel, "upstream asked to retry later"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.Int("status", resp.StatusCode), zap.Duration("cooling", d))
+		c.Write(zap.String("upstream", u.id), zap.Int("status", status), zap.Duration("cooling", d))
 	}
 }
 

@@ -102,13 +102,34 @@ type Provider struct {
 	FirstByteTimeout *Duration `json:"first_byte_timeout,omitempty"`
 
 	// StreamIdleTimeout is how long a stream may stay silent after its first
-	// byte before the attempt counts as failed. Default 60s; 0 disables.
+	// byte before the attempt counts as failed. Default 30s (SPEC §15: a
+	// stalled stream is cut, and another upstream can answer, in half a
+	// minute); 0 disables.
 	StreamIdleTimeout *Duration `json:"stream_idle_timeout,omitempty"`
 
 	// ProbeInterval is the period of the background probe of this provider's
 	// cooling upstreams. Default 1s; 0 disables probing (an upstream then
 	// comes back only when its backoff ends).
 	ProbeInterval *Duration `json:"probe_interval,omitempty"`
+
+	// Retries is how many times a 5xx answer or a connection error, before
+	// the first byte, is retried on the same upstream (holding its slot,
+	// after a jittered pause of 0.25–0.75s) before the attempt counts as a
+	// failure and fails over. A first-byte timeout is never retried.
+	// Default 0: fail over at once.
+	Retries int `json:"retries,omitempty"`
+
+	// RetryAfterWait is the longest `Retry-After` (of a 429 or 503) that
+	// is waited out in place and retried on the same upstream, once per
+	// attempt, if request_timeout leaves room for it; a longer one cools
+	// the upstream and fails over at once. Default 0: never wait.
+	RetryAfterWait *Duration `json:"retry_after_wait,omitempty"`
+
+	// LongContextCapacity bounds how many long-context requests (estimated
+	// above the handler's long_context_threshold) the provider's upstreams
+	// serve at once; such a request holds one of these slots as well as a
+	// normal one. Default 0: no bound.
+	LongContextCapacity int `json:"long_context_capacity,omitempty"`
 
 	// TransportRaw configures how the provider is reached, as Caddy's
 	// `reverse_proxy` does: `{"protocol": "http", …}` is the
@@ -174,6 +195,16 @@ type Upstream struct {
 	// PriceCachedInput is the USD price per million cached input tokens.
 	// Default: price_input (no cache discount).
 	PriceCachedInput float64 `json:"price_cached_input,omitempty"`
+	// Retries overrides the provider's retries.
+	Retries *int `json:"retries,omitempty"`
+
+	// RetryAfterWait overrides the provider's retry_after_wait.
+	RetryAfterWait *Duration `json:"retry_after_wait,omitempty"`
+
+	// ContextWindow is the upstream's context window in tokens: a request
+	// whose estimated prompt tokens plus its max_tokens exceed it skips
+	// this upstream. Default 0: no check.
+	ContextWindow int `json:"context_window,omitempty"`
 }
 
 // Model is what clients ask for: a name and an ordered list of upstreams.
@@ -346,6 +377,9 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		if p.MaxConcurrency < 0 {
 			bad("%s: max_concurrency must not be negative (0 = unlimited)", where)
 		}
+		if p.Retries < 0 || p.LongContextCapacity < 0 {
+			bad("%s: retries and long_context_capacity must not be negative", where)
+		}
 		if err := checkPatch(p.Patch); err != nil {
 			bad("%s: patch: %v", where, err)
 		}
@@ -392,6 +426,9 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		}
 		if u.MaxConcurrency < 0 {
 			bad("%s: max_concurrency must not be negative (0 = inherit)", where)
+		}
+		if u.Retries != nil && *u.Retries < 0 || u.ContextWindow < 0 {
+			bad("%s: retries and context_window must not be negative", where)
 		}
 		if err := checkPatch(u.Patch); err != nil {
 			bad("%s: patch: %v", where, err)

@@ -153,8 +153,12 @@ func (ex *exchange) run(body []byte) attemptResult {
 	defer resp.Body.Close()
 	ex.resp = resp
 
-	if failoverStatus(resp.StatusCode) {
-		h.noteRetryAfter(u, resp, time.Now())
+	res, refusal := ex.contextRefusal()
+	if refusal == refusalFailover {
+		return res
+	}
+	if refusal == refusalNone && failoverStatus(resp.StatusCode) {
+		retryAfter := retryAfterOf(resp, time.Now()) // the retry run decides: wait, or cool
 		// Never wait long for a failed answer's body: an upstream that sends
 		// error headers and then stalls must not hold up the failover until
 		// request_timeout. When the window passes, the attempt is cancelled
@@ -162,7 +166,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 		ex.w8.arm(drainTimeout, codeDrain)
 		h.drainFailed(u, resp)
 		ex.w8.stop()
-		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode, retryAfter: retryAfter}
 	}
 
 	// For streams the first body byte must arrive before anything is sent to
@@ -198,7 +202,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 	if resp.StatusCode < 300 {
 		u.recordSuccess(time.Now())
 	}
-	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+	res = attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
 	// The client gets the upstream's status and headers (x-request-id, its
 	// Content-Type, a 400's status), minus hop-by-hop ones.
 	h.writeResponseHeader(ex.w, resp, u, ex.translated)

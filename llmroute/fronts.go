@@ -156,6 +156,8 @@ type frontReq struct {
 	api     api
 	stream  bool
 	session string // the client's own session id, "" for none
+	rt      *route // the route being walked, and the index of the
+	idx     int    // attempt's target in it (for a context-length failover)
 	// arrival is when the request reached the handler: time to first
 	// token and the request duration count from it.
 	arrival time.Time

@@ -104,6 +104,12 @@ type Handler struct {
 	// request needs one: a missing or unknown key is 401, a model outside
 	// the key's models 403, a key over its rate or budget 429.
 	Keys []ClientKey `json:"keys,omitempty"`
+	// LongContextThreshold (estimated prompt tokens) marks a request as
+	// long-context: above it, the request holds one of its provider's
+	// long_context_capacity slots as well as a normal slot, and an upstream
+	// whose provider has none free is passed over (next upstream, or the
+	// queue). Default 0: no request is long-context.
+	LongContextThreshold int `json:"long_context_threshold,omitempty"`
 
 	ctx       caddy.Context
 	logger    *zap.Logger
@@ -134,6 +140,7 @@ type Handler struct {
 	maxBody        int64
 	maxRewrite     int64
 	routeHeaders   bool
+	longRefs       []string // providers whose long-context slots this instance holds
 
 	corsAny     bool     // cors lists "*"
 	corsOrigins []string // the other listed origins

@@ -27,7 +27,7 @@ const (
 	defaultRequestTimeout    = 5 * time.Minute
 	defaultMaxRequestBody    = 32 << 20
 	defaultFirstByteTimeout  = 30 * time.Second
-	defaultStreamIdleTimeout = 60 * time.Second
+	defaultStreamIdleTimeout = 30 * time.Second
 	defaultProbeInterval     = time.Second
 	defaultQueueTimeout      = 30 * time.Second
 	defaultRetryAfterMax     = 5 * time.Minute
@@ -67,6 +67,11 @@ type upstream struct {
 	probeInterval time.Duration // 0 = disabled
 	backoffScope  string        // "upstream", "provider" or "" (none)
 	backoffCap    time.Duration
+	retries       int           // same-upstream retries of a 5xx or connection error
+	retryWait     time.Duration // longest Retry-After waited out in place; 0 = never
+	window        int           // context window in tokens; 0 = unchecked
+	long          *longSlots    // the provider's long-context slots; nil = unbounded
+	longCap       int64         // their number (provider long_context_capacity)
 
 	state   *upstreamState
 	backoff *backoffState // nil when backoff is off
@@ -92,6 +97,9 @@ type target struct {
 	// counters are this pair's llm_proxy_requests_total series, one per
 	// result, looked up once instead of hashing labels per request.
 	counters map[string]prometheus.Counter
+	// long is the provider's long-context slot counter, set in the long
+	// variants of a route (fitRoutes) only: a claim takes one of these too.
+	long *longSlots
 	// series are the pair's tokens, TTFT and duration series (usage.go),
 	// bound the same way; bound series also keep a request that ends on a
 	// removed upstream from bringing its pruned series back.
@@ -106,6 +114,7 @@ type route struct {
 	queueSize    int
 	queueTimeout time.Duration // 0 = until the client goes away
 	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
+	sizes        fitRoutes     // variants per request size (context windows, long context)
 }
 
 // Provision resolves the config, adopts shared state and starts the prober.
@@ -200,6 +209,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				}
 				h.apiRoutes[a][rt.name] = sub
 			}
+		}
+	}
+	if h.LongContextThreshold < 0 {
+		return fmt.Errorf("llm_route config: long_context_threshold must not be negative")
+	}
+	for _, rt := range h.routes {
+		rt.prepareFit(h.LongContextThreshold)
+	}
+	for _, byName := range h.apiRoutes {
+		for _, rt := range byName {
+			rt.prepareFit(h.LongContextThreshold)
 		}
 	}
 	if err := h.provisionRequests(); err != nil {
@@ -345,6 +365,16 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	u.firstByte = durationOr(defaultFirstByteTimeout, uc.FirstByteTimeout, p.FirstByteTimeout)
 	u.streamIdle = durationOr(defaultStreamIdleTimeout, uc.StreamIdleTimeout, p.StreamIdleTimeout)
 	u.probeInterval = durationOr(defaultProbeInterval, uc.ProbeInterval, p.ProbeInterval)
+	u.retries = p.Retries
+	if uc.Retries != nil {
+		u.retries = *uc.Retries
+	}
+	u.retryWait = durationOr(0, uc.RetryAfterWait, p.RetryAfterWait)
+	u.window = uc.ContextWindow
+	if p.LongContextCapacity > 0 {
+		u.longCap = int64(p.LongContextCapacity)
+		u.long = h.adoptLong(p.ID, u.longCap)
+	}
 	switch {
 	case uc.Backoff != nil:
 		u.backoffScope, u.backoffCap = "upstream", time.Duration(*uc.Backoff)
@@ -481,6 +511,7 @@ func (h *Handler) Cleanup() error {
 	}
 	h.refs.release()
 	h.releaseKeys()
+	h.releaseLong()
 	leaveGeneration(h)
 	return nil
 }
@@ -553,6 +584,9 @@ func (u *upstream) applyShared() {
 	u.state.limit.Store(u.limit)
 	u.state.provider.Store(&u.provider)
 	u.state.backoff.Store(u.backoff)
+	if u.long != nil {
+		u.long.limit.Store(u.longCap)
+	}
 	if u.backoff != nil {
 		u.backoff.setCap(u.backoffCap)
 	}

@@ -120,6 +120,15 @@ func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) 
 			}
 			continue
 		}
+		long := rt.targets[i].long
+		if !long.claim() {
+			if log != nil {
+				if c := log.Check(zapcore.DebugLevel, "provider long-context slots full, skipped"); c != nil {
+					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider))
+				}
+			}
+			continue
+		}
 		if n, ok := u.state.tryClaim(); ok {
 			if log != nil {
 				if c := log.Check(zapcore.DebugLevel, "request accepted"); c != nil {
@@ -129,6 +138,7 @@ func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) 
 			}
 			return i, true
 		}
+		long.release()
 	}
 	return -1, false
 }
@@ -263,6 +273,7 @@ func (h *Handler) leave(w *waiter, start time.Time, result string) {
 	sched.mu.Unlock()
 	select {
 	case idx := <-w.ready:
+		w.rt.targets[idx].long.release()
 		w.rt.targets[idx].up.state.release()
 	default:
 	}

@@ -118,6 +118,15 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		errDuplicateKey.writeAs(w, f)
 		return nil
 	}
+	if rt.sized() {
+		// Estimated once per request: context windows and long-context
+		// slots narrow the upstreams it may go to (context.go).
+		est := estimateTokens(body)
+		if rt = rt.fitting(est); rt == nil {
+			errContextTooLong(est.prompt+est.output).writeAs(w, f)
+			return nil
+		}
+	}
 	var kr *keyReq
 	if key != nil {
 		if kr = h.admitKey(w, r, f, key, rt, body); kr == nil {
@@ -162,6 +171,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
 		}
 		h.setRouteHeaders(w, t, len(failures)+1)
+		fr.rt, fr.idx = rt, idx
 		res := h.attempt(w, r, rt, t, body, &fr)
 		if kr != nil {
 			h.settleAttempt(kr, t, res)
@@ -180,7 +190,10 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			return nil
 		}
 		failures = append(failures, attemptRecord{upstream: t.up.id, result: res.result, status: res.status})
-		next, ok := h.claimNext(rt, idx+1)
+		next, ok := res.next, res.next > 0 // claimed by a context-length failover
+		if !ok {
+			next, ok = h.claimNext(rt, idx+1)
+		}
 		if ok && kr != nil {
 			if next, apiErr = h.reserveAttempt(kr, rt, next); apiErr != nil {
 				apiErr.writeAs(w, f)

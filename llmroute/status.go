@@ -289,6 +289,14 @@ const (
 	verdictBusy      = "busy"
 	verdictCooling   = "cooling"
 	verdictAPI       = "api_not_served"
+	verdictContext   = "context"  // context_window smaller than ?tokens
+	verdictCapacity  = "capacity" // a provider-wide bound is full
+)
+
+// Reasons a context or capacity verdict gives.
+const (
+	reasonContextWindow = "context_window"
+	reasonLongContext   = "long_context"
 )
 
 // explanation is the answer of GET /llm_route/explain.
@@ -302,11 +310,14 @@ type explanation struct {
 	Choice *string `json:"choice"`
 	// Outcome says what happens to a request now: "upstream" (sent to
 	// choice), "queue" (waits for a slot), "busy", "cooling" or
-	// "api_not_served" (a 503).
+	// "api_not_served" (a 503), "context" (no upstream is large enough:
+	// a 400).
 	Outcome string `json:"outcome"`
-	// Tokens echoes ?tokens=N (null if not given). No verdict uses it yet:
-	// "context" needs upstreams[].context_window (SPEC §15), which this
-	// build does not have.
+	// Tokens echoes ?tokens=N (null if not given): the request's size
+	// (prompt plus max_tokens). An upstream whose context_window is
+	// smaller gets the "context" verdict; above the handler's
+	// long_context_threshold, an upstream whose provider has no long slot
+	// free gets "capacity" (reason long_context).
 	Tokens     *int64            `json:"tokens"`
 	QueueDepth int               `json:"queue_depth"`
 	QueueSize  int               `json:"queue_size"`
@@ -316,7 +327,10 @@ type explanation struct {
 type upstreamVerdict struct {
 	ID      string `json:"id"`
 	Verdict string `json:"verdict"`
-	Detail  string `json:"detail"`
+	// Reason refines a context or capacity verdict: "context_window" or
+	// "long_context".
+	Reason string `json:"reason,omitempty"`
+	Detail string `json:"detail"`
 }
 
 // findRoute returns the newest running config's route for a model name.
@@ -336,12 +350,22 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 	ex := explanation{Model: rt.name, API: a.String(), Tokens: tokens, QueueSize: rt.queueSize,
 		Upstreams: make([]upstreamVerdict, 0, len(rt.targets))}
 	ex.QueueDepth = queueDepths()[rt.name]
-	allCooling, served := true, 0
+	allCooling, allContext, served := true, len(rt.targets) > 0, 0
+	long := tokens != nil && rt.sizes.threshold > 0 && *tokens > int64(rt.sizes.threshold)
 	for _, t := range rt.targets {
 		u := t.up
 		v := upstreamVerdict{ID: u.id}
 		if u.apis.canServe(a) {
 			served++
+		}
+		if tokens != nil && u.window > 0 && int64(u.window) < *tokens && u.apis.canServe(a) {
+			v.Verdict, v.Reason = verdictContext, reasonContextWindow
+			v.Detail = "context too small: window " + strconv.Itoa(u.window) + " < " + strconv.FormatInt(*tokens, 10) + " tokens"
+			ex.Upstreams = append(ex.Upstreams, v)
+			continue
+		}
+		if u.apis.canServe(a) {
+			allContext = false
 		}
 		inflight, limit := u.state.inflight.Load(), u.state.limit.Load()
 		switch left := u.cooling(now); {
@@ -356,6 +380,11 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 			allCooling = false
 			v.Verdict = verdictBusy
 			v.Detail = "busy " + slots(inflight, limit)
+		case long && u.long != nil && u.long.inflight.Load() >= u.long.limit.Load():
+			allCooling = false
+			v.Verdict, v.Reason = verdictCapacity, reasonLongContext
+			v.Detail = "long-context slots of provider " + u.provider + " full, " +
+				slots(u.long.inflight.Load(), u.long.limit.Load())
 		default:
 			allCooling = false
 			v.Verdict = verdictAvailable
@@ -380,6 +409,8 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 		ex.Outcome = verdictAPI // the 503 no_upstream_for_api
 	case ex.Choice != nil:
 		ex.Outcome = "upstream"
+	case allContext:
+		ex.Outcome = verdictContext // a 400 context_length_exceeded
 	case allCooling && (!queueRoom || rt.queueTimeout == 0 || back > rt.queueTimeout):
 		ex.Outcome = verdictCooling // waiting would not hide an outage
 	case queueRoom:

@@ -1,0 +1,79 @@
+package llmroute
+
+import (
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Long-context admission (SPEC §15, seed 004): a request whose estimated
+// prompt is above the handler's long_context_threshold is expensive for the
+// server that runs it (KV cache, prefill time), so a provider can bound how
+// many of them it serves at once with long_context_capacity. Such a
+// request holds one of its provider's long slots as well as the upstream's
+// normal slot; an upstream whose provider has no long slot free is passed
+// over like a busy one (next upstream, or the queue, which a freed slot
+// wakes).
+//
+// The long slots are claimed in claimFrom, before the normal slot, and
+// released with it, so the pair is taken and freed together. They are
+// pooled by provider id like the upstream slots, so a request admitted
+// under an old config frees its long slot in the counter the new config
+// claims from.
+
+// longPool holds the long-context slots of each provider id.
+var longPool = caddy.NewUsagePool() // "provider id" → *longSlots
+
+// longSlots is one provider's long-context slot counter.
+type longSlots struct {
+	inflight atomic.Int64
+	limit    atomic.Int64
+}
+
+// claim takes a long slot if one is free; a nil counter (no bound) always
+// has one.
+func (l *longSlots) claim() bool {
+	if l == nil {
+		return true
+	}
+	for {
+		cur := l.inflight.Load()
+		if cur >= l.limit.Load() {
+			return false
+		}
+		if l.inflight.CompareAndSwap(cur, cur+1) {
+			return true
+		}
+	}
+}
+
+// release frees a long slot claimed by claim. The caller releases the
+// normal slot right after, which wakes the queue.
+func (l *longSlots) release() {
+	if l != nil {
+		l.inflight.Add(-1)
+	}
+}
+
+// Destruct satisfies caddy.Destructor.
+func (l *longSlots) Destruct() error { return nil }
+
+// adoptLong returns the shared long-slot counter of a provider with
+// long_context_capacity, recording the reference for Cleanup.
+// A new counter gets its limit at once (nobody else enforces one yet); a
+// shared one when this config starts (applyShared).
+func (h *Handler) adoptLong(provider string, limit int64) *longSlots {
+	fresh := &longSlots{}
+	fresh.limit.Store(limit)
+	v, _ := longPool.LoadOrStore(provider, fresh)
+	h.longRefs = append(h.longRefs, provider)
+	return v.(*longSlots)
+}
+
+// releaseLong drops this instance's references to the long-slot counters.
+func (h *Handler) releaseLong() {
+	for _, k := range h.longRefs {
+		_, _ = longPool.Delete(k)
+	}
+	h.longRefs = nil
+}
