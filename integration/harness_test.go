@@ -476,6 +476,10 @@ func expectAPIError(t testing.TB, resp *http.Response, status int, code string) 
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type = %q, want application/json", ct)
 	}
+	// Decoding hides a repeated member: count it in the raw body.
+	if n := strings.Count(body, `"param"`); n != 1 {
+		t.Errorf("error body has %d \"param\" members: %s", n, body)
+	}
 	var raw map[string]map[string]any
 	if err := json.Unmarshal([]byte(body), &raw); err != nil {
 		t.Fatalf("error body is not the OpenAI shape: %v: %s", err, body)
