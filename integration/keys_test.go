@@ -766,3 +766,63 @@ func grepLines(text, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestKeysReleaseOnFailureAndCancel: a failed attempt's reservation is
+// released before the next upstream's is taken, only the answer's usage is
+// charged, and a client that leaves while its request is held at the
+// upstream gets its reservation back.
+func TestKeysReleaseOnFailureAndCancel(t *testing.T) {
+	broken := newUpstream(t, status(500))
+	g := newGate()
+	good := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("X-Test"), "hold") {
+			g.handler(completion("late"))(w, r)
+			return
+		}
+		completion("ok")(w, r) // reports 3 + 1 tokens
+	})
+	t.Cleanup(g.open)
+	h := cfg(
+		[]map[string]any{obj("id", "p1", "url", broken.base(), "forward_headers", []string{"X-Test"}),
+			obj("id", "p2", "url", good.base(), "forward_headers", []string{"X-Test"})},
+		[]map[string]any{obj("id", "broken", "provider", "p1", "model", "x"), obj("id", "good", "provider", "p2", "model", "y")},
+		[]map[string]any{obj("name", "m", "upstreams", []string{"broken", "good"})},
+		// max_tokens 1000 + the prompt estimate: one reservation at a time fits.
+		"keys", []any{obj("id", "rel", "secret", secretTeam, "tokens_per_day", 1500)})
+	p := startProxy(t, h)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
+	resp := p.chat(body, "Authorization", "Bearer "+secretTeam)
+	if b := readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("X-LLM-Route-Upstream") != "good" {
+		t.Fatalf("failover: %d %s", resp.StatusCode, b)
+	}
+	if k := p.keyStatus("rel"); k["tokens_today"].(float64) != 4 || k["reserved_tokens"].(float64) != 0 {
+		t.Fatalf("after a failover: %v, want the answer's 4 tokens and nothing reserved", k)
+	}
+
+	// Held at the upstream, the request's reservation shows; the client
+	// leaves; it is released, nothing is charged.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := p.post(ctx, body, "Authorization", "Bearer "+secretTeam, "X-Test", "hold"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	g.waitArrivals(t, 1)
+	if k := p.keyStatus("rel"); k["reserved_tokens"].(float64) < 1000 {
+		t.Fatalf("while held: %v, want its reservation", k)
+	}
+	// A second request finds no room while the first holds its reservation.
+	expectAPIError(t, p.chat(body, "Authorization", "Bearer "+secretTeam), 429, "insufficient_quota")
+	cancel()
+	<-done
+	eventually(t, 10*time.Second, "the cancelled request's reservation released", func() bool {
+		k := p.keyStatus("rel")
+		return k["reserved_tokens"].(float64) == 0 && k["tokens_today"].(float64) == 4
+	})
+	resp = p.chat(body, "Authorization", "Bearer "+secretTeam)
+	if b := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("after the release: %d %s", resp.StatusCode, b)
+	}
+}
