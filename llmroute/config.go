@@ -165,6 +165,13 @@ type Upstream struct {
 
 	// ProbeInterval overrides the provider's probe period.
 	ProbeInterval *Duration `json:"probe_interval,omitempty"`
+
+	// Prefill says whether this upstream continues an assistant message
+	// sent as the last message of the request (assistant prefill), which a
+	// mid-stream continuation (model `resume`) relies on; false makes the
+	// continuation replay the request and match the regenerated text
+	// instead. Default: true.
+	Prefill *bool `json:"prefill,omitempty"`
 }
 
 // Model is what clients ask for: a name and an ordered list of upstreams.
@@ -185,6 +192,11 @@ type Model struct {
 
 	// QueueTimeout overrides the handler's queue_timeout for this model.
 	QueueTimeout *Duration `json:"queue_timeout,omitempty"`
+
+	// Resume, "on", continues a chat stream that breaks after bytes reached
+	// the client (cut, stall, request timeout) on the next free upstream of
+	// the model, so the client sees one stream (SPEC §15). Default: "off".
+	Resume string `json:"resume,omitempty"`
 }
 
 // ThinkTags is a think_tags setting. It accepts a JSON string or a boolean
@@ -416,6 +428,9 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		}
 		if err := checkPatch(m.Patch); err != nil {
 			bad("%s: patch: %v", where, err)
+		}
+		if m.Resume != "" && m.Resume != "on" && m.Resume != "off" {
+			bad("%s: resume: want on or off, got %q", where, m.Resume)
 		}
 		if m.QueueSize != nil && *m.QueueSize < 0 {
 			bad("%s: queue_size must not be negative", where)

@@ -70,6 +70,7 @@ type upstream struct {
 	probeBody []byte           // SPEC §3 probe, patches applied
 	reasoning string
 	emptyOK   bool
+	prefill   bool // takes an assistant prefill (resume.go)
 }
 
 // cooling returns how long the upstream is still out of rotation.
@@ -99,6 +100,7 @@ type route struct {
 	queueSize    int
 	queueTimeout time.Duration // 0 = until the client goes away
 	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
+	resume       bool          // continue a broken stream on another upstream (resume.go)
 }
 
 // Provision resolves the config, adopts shared state and starts the prober.
@@ -334,6 +336,7 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	u.firstByte = durationOr(defaultFirstByteTimeout, uc.FirstByteTimeout, p.FirstByteTimeout)
 	u.streamIdle = durationOr(defaultStreamIdleTimeout, uc.StreamIdleTimeout, p.StreamIdleTimeout)
 	u.probeInterval = durationOr(defaultProbeInterval, uc.ProbeInterval, p.ProbeInterval)
+	u.prefill = uc.Prefill == nil || *uc.Prefill
 	switch {
 	case uc.Backoff != nil:
 		u.backoffScope, u.backoffCap = "upstream", time.Duration(*uc.Backoff)
@@ -366,7 +369,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llm_route config: model %q: patch: %v", m.Name, err)
 	}
-	rt := &route{name: m.Name, nameAny: m.Name, queueSize: h.QueueSize}
+	rt := &route{name: m.Name, nameAny: m.Name, queueSize: h.QueueSize, resume: m.Resume == "on"}
 	if m.QueueSize != nil {
 		rt.queueSize = *m.QueueSize
 	}

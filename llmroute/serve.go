@@ -101,6 +101,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		errUnknownModel(model).writeAs(w, f)
 		return nil
 	}
+	fr.resume = rt.resume && stream
 	if fr.api == apiEmbeddings || fr.api == apiCompletions {
 		// Never translated: only the upstreams serving the API take part.
 		if rt = h.nativeRoutes[fr.api][model]; rt == nil {
@@ -146,6 +147,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		}
 		h.setRouteHeaders(w, t, len(failures)+1)
 		res := h.attempt(w, r, rt, t, body, &fr)
+		if res.cont != nil {
+			res, t = h.resume(r, rt, idx, res, body, &fr) // the stream broke: continue it
+		}
 		if len(failures) == 0 {
 			h.observeOverhead(res, arrival, queued)
 		}
