@@ -70,6 +70,7 @@ func init() {
 //	        first_byte_timeout  <duration>
 //	        stream_idle_timeout <duration>
 //	        probe_interval      <duration>
+//	        prefill             [true|false]
 //	        patch               <patch>
 //	    }
 //
@@ -77,6 +78,7 @@ func init() {
 //	        upstreams           <upstream id> [<upstream id>...]
 //	        queue_size          <int>
 //	        queue_timeout       <duration>
+//	        resume              on|off
 //	        patch               <patch>
 //	    }
 //	}
@@ -404,6 +406,11 @@ func (p *parser) upstream() error {
 			up.StreamIdleTimeout, err = p.duration(where, name)
 		case "probe_interval":
 			up.ProbeInterval, err = p.duration(where, name)
+		case "prefill":
+			var b bool
+			if b, err = p.flag(where, name); err == nil {
+				up.Prefill = &b
+			}
 		case "patch":
 			up.Patch, err = p.patch(where)
 		default:
@@ -505,6 +512,10 @@ func (p *parser) model() error {
 			}
 		case "queue_timeout":
 			m.QueueTimeout, err = p.duration(where, opt)
+		case "resume":
+			if m.Resume, err = p.str(where, opt); err == nil && m.Resume != "on" && m.Resume != "off" {
+				err = d.Errf("%sresume: want on or off, got %q", where, m.Resume)
+			}
 		case "patch":
 			m.Patch, err = p.patch(where)
 		default:

@@ -488,3 +488,15 @@ func TestResumeMessagesFront(t *testing.T) {
 		t.Errorf("prefill = %q (%v)", prefix, ok)
 	}
 }
+
+// TestResumeConfigValue: resume takes on or off only.
+func TestResumeConfigValue(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := startProxy(t, basicConfig(up, 0))
+	conf := basicConfig(up, 0)
+	conf["models"] = []any{map[string]any{"name": "m", "upstreams": []string{"u1"}, "resume": "yes"}}
+	err := p.loadErr(conf)
+	if err == nil || !strings.Contains(err.Error(), `resume: want on or off, got "yes"`) {
+		t.Fatalf("load error %v", err)
+	}
+}
