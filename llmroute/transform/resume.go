@@ -155,7 +155,8 @@ func (c *ChatResume) Write(p []byte) (int, error) {
 			err = c.write(c.out)
 		}
 		c.out = c.out[:0]
-		if err == nil && len(c.pend) > maxPendingEvent {
+		if err == nil && (c.opaque || len(c.pend) > maxPendingEvent) {
+			// From here on bytes pass straight through: what is held first.
 			c.opaque = true
 			err = c.write(c.pend)
 			c.pend = c.pend[:0]
