@@ -361,7 +361,7 @@ func TestResumeReplayDiverges(t *testing.T) {
 		t.Errorf("resumes diverged counted %v, want 1", d)
 	}
 	if n := len(b.Calls()); n != 1 {
-		t.Errorf("second upstream got %d calls, want 1 replay", n)
+		t.Fatalf("second upstream got %d calls, want 1 replay", n)
 	}
 	if _, ok := lastAssistant(b.Calls()[0].Body); ok {
 		t.Error("prefill false upstream was sent a prefill")
