@@ -15,6 +15,7 @@ import (
 
 	anthropic "github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
 )
 
 // resumeTokens is the 60-token answer every fake model of these tests
@@ -498,5 +499,56 @@ func TestResumeConfigValue(t *testing.T) {
 	err := p.loadErr(conf)
 	if err == nil || !strings.Contains(err.Error(), `resume: want on or off, got "yes"`) {
 		t.Fatalf("load error %v", err)
+	}
+}
+
+// TestResumeResponsesFrontReplay: a Responses stream translated from chat,
+// cut after reasoning and 20 tokens, is finished by a replay upstream
+// (prefill false) whose reasoning differs: the client keeps the reasoning
+// it had (the regenerated one is left out), the text is whole, sequence
+// numbers keep rising and the usage is the continuation's.
+func TestResumeResponsesFrontReplay(t *testing.T) {
+	reasoned := append([]string{resumeA.chunk(`{"role":"assistant","reasoning_content":"think "}`, ""), resumeA.chunk(`{"reasoning_content":"hard"}`, "")},
+		firstEvents(20)[1:]...)
+	a := newUpstream(t, faultChunkedCut(reasoned))
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		ev := resumeB.events(nil, 99)
+		var pieces []string
+		for i := 0; i < len(resumeTokens); i += 7 {
+			pieces = append(pieces, resumeB.chunk(fmt.Sprintf(`{"content":%q}`, strings.Join(resumeTokens[i:min(i+7, len(resumeTokens))], "")), ""))
+		}
+		out := append([]string{ev[0], resumeB.chunk(`{"reasoning_content":"other thoughts"}`, "")}, pieces...)
+		writeStream(w, append(out, ev[1:]...), 0)
+	})
+	p := startProxy(t, resumeConfig(a, b, "30s", "prefill", false))
+	c := responsesClient(p)
+	st := c.Responses.NewStreaming(context.Background(), responses.ResponseNewParams{Model: "m",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("count")}})
+	var reasoning, text string
+	var final responses.Response
+	seq := int64(-1)
+	for st.Next() {
+		ev := st.Current()
+		if ev.SequenceNumber <= seq {
+			t.Fatalf("sequence_number %d after %d", ev.SequenceNumber, seq)
+		}
+		seq = ev.SequenceNumber
+		switch ev.Type {
+		case "response.reasoning_text.delta", "response.reasoning_summary_text.delta":
+			reasoning += ev.Delta
+		case "response.output_text.delta":
+			text += ev.Delta
+		case "response.completed":
+			final = ev.Response
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if reasoning != "think hard" || text != resumeFull || final.Usage.OutputTokens != 99 || final.OutputText() != resumeFull {
+		t.Fatalf("reasoning %q\ntext %q\nusage %+v", reasoning, text, final.Usage)
+	}
+	if _, ok := lastAssistant(b.Calls()[0].Body); ok {
+		t.Error("prefill false upstream was sent a prefill")
 	}
 }

@@ -238,7 +238,7 @@ func resumePath(prefill bool) string {
 // copies it through the first exchange's chain.
 func (c *continuation) try(r *http.Request, t *target, body []byte, fr *frontReq, prefill bool) (attemptResult, contVerdict) {
 	ex, h, u := c.ex, c.ex.h, t.up
-	out, err := continuationBody(t, body, fr, prefill, ex.follow.cr.Content())
+	out, base, err := continuationBody(t, body, fr, prefill, ex.follow.cr.Content())
 	if err != nil {
 		if prefill {
 			return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}, contPrefillRejected
@@ -262,7 +262,7 @@ func (c *continuation) try(r *http.Request, t *target, body []byte, fr *frontReq
 	req := h.upstreamRequest(ctx, r, u, u.urls[epChat], out, io.NopCloser(bytes.NewReader(out)))
 	if u.sessionHdr != "" {
 		sx := exchange{fr: *fr, rinfo: ex.rinfo}
-		req.Header.Set(u.sessionHdr, sx.sessionID(body, out))
+		req.Header.Set(u.sessionHdr, sx.sessionID(body, base)) // the history, not the prefill
 	}
 	req.Header.Set("Accept-Encoding", "identity") // the answer is followed
 	resp, err := u.transport.RoundTrip(req)
@@ -352,11 +352,11 @@ func (c *continuation) copy(r *http.Request, t *target, resp *http.Response, ctx
 // continuationBody is the chat request for a continuation on t: the
 // client's request as the exchange would send it to a chat upstream (a
 // Messages or Responses request translated), plus, for prefill, the
-// delivered text as a final assistant message.
-func continuationBody(t *target, body []byte, fr *frontReq, prefill bool, delivered string) ([]byte, error) {
+// delivered text as a final assistant message; base is the request without
+// that message.
+func continuationBody(t *target, body []byte, fr *frontReq, prefill bool, delivered string) (out, base []byte, err error) {
 	u := t.up
 	chat := body
-	var err error
 	switch fr.api {
 	case apiMessages:
 		chat, _, err = anthropic.ToChat(make([]byte, 0, len(body)+256), body,
@@ -365,13 +365,14 @@ func continuationBody(t *target, body []byte, fr *frontReq, prefill bool, delive
 		chat, _, err = responses.ToChat(make([]byte, 0, len(body)+256), body, responses.Options{ReasoningField: u.reasoning})
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out, err := transform.RewriteRequest(make([]byte, 0, len(chat)+512), chat, &t.edit)
+	base, err = transform.RewriteRequest(make([]byte, 0, len(chat)+512), chat, &t.edit)
 	if err != nil || !prefill {
-		return out, err
+		return base, base, err
 	}
-	return appendAssistant(out, delivered)
+	out, err = appendAssistant(base, delivered)
+	return out, base, err
 }
 
 // appendAssistant adds {"role":"assistant","content":text} as the last
