@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -551,4 +552,34 @@ func TestResumeResponsesFrontReplay(t *testing.T) {
 	if _, ok := lastAssistant(b.Calls()[0].Body); ok {
 		t.Error("prefill false upstream was sent a prefill")
 	}
+}
+
+// TestResumeNoLeak: resumed, diverged and refused continuations, over and
+// over, leave no slot taken and no goroutine behind.
+func TestResumeNoLeak(t *testing.T) {
+	a := newUpstream(t, faultChunkedCut(firstEvents(30)))
+	b := newUpstream(t, deterministic(resumeB, true, 2))
+	p := startProxy(t, resumeConfig(a, b, "30s"))
+	run := func(body string) {
+		resp := p.chat(body)
+		_, _ = faultRead(resp)
+	}
+	const stream = `{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`
+	run(stream) // warm up the connections' goroutines
+	base := runtime.NumGoroutine()
+	ok0, failed0 := p.resumes("ok"), p.resumes("failed")
+	for i := 0; i < 10; i++ {
+		run(stream)                                                                         // prefill rejected → replay → ok
+		run(`{"model":"m","n":2,"messages":[{"role":"user","content":"x"}],"stream":true}`) // refused
+	}
+	if d := p.resumes("ok") - ok0; d != 10 {
+		t.Errorf("resumes ok %v, want 10", d)
+	}
+	if d := p.resumes("failed") - failed0; d != 10 {
+		t.Errorf("resumes failed %v, want 10", d)
+	}
+	faultEventually(t, 30*time.Second, "slots free and goroutines back", func() bool {
+		return p.upstreamGauge("inflight", "a", "pa") == 0 && p.upstreamGauge("inflight", "b", "pb") == 0 &&
+			runtime.NumGoroutine() <= base+3
+	})
 }
