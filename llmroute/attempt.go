@@ -265,6 +265,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 	now := time.Now()
 	if res.out == outFailover || res.fault {
 		u.recordFailure(now, h.logger)
+		u.state.lastFailure.Store(&eventRecord{what: res.result, at: now})
 	}
 	if c := t.counters[res.result]; c != nil {
 		c.Inc()

@@ -45,9 +45,9 @@ func (e apiError) writeAs(w http.ResponseWriter, f front) {
 	writeJSON(w, e.status, anthropic.ErrorBody(e.status, e.code, e.message))
 }
 
-// errNoAPI is the 503 for an embeddings or completions request to a model
-// none of whose upstreams serves that API natively (they are never
-// translated).
+// errNoAPI is the 503 for a request to a model none of whose upstreams can
+// serve the front's API (apiSet.canServe): embeddings and completions are
+// never translated, chat never goes to a messages-only upstream.
 func errNoAPI(model string, a api) apiError {
 	return apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "no_upstream_for_api",
 		message: "no upstream of model " + strconv.Quote(model) + " serves " + a.String(), retryAfter: 1}

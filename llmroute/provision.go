@@ -188,12 +188,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.routes[rt.name] = rt
 		h.modelList = append(h.modelList, rt.name)
-		for _, a := range []api{apiEmbeddings, apiCompletions} {
-			if sub := rt.servingNatively(a); sub != nil {
-				if h.nativeRoutes[a] == nil {
-					h.nativeRoutes[a] = make(map[string]*route)
+		for a := range numAPIs {
+			if sub := rt.servingAPI(a); sub != nil {
+				if h.apiRoutes[a] == nil {
+					h.apiRoutes[a] = make(map[string]*route)
 				}
-				h.nativeRoutes[a][rt.name] = sub
+				h.apiRoutes[a][rt.name] = sub
 			}
 		}
 	}

@@ -115,6 +115,13 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			c.fail(rt, "", "no_upstream")
 		}
 		t := &rt.targets[j]
+		if !t.up.apis.has(apiChat) {
+			// The continuation is a chat request: a Messages- or
+			// Responses-only upstream cannot take it.
+			t.up.state.release()
+			from = j + 1
+			continue
+		}
 		res, v := h.continueOn(r, rt, t, c, body, fr)
 		switch v {
 		case contDone:

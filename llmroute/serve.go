@@ -101,14 +101,12 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		errUnknownModel(model).writeAs(w, f)
 		return nil
 	}
-	fr.resume = rt.resume && stream
-	if fr.api == apiEmbeddings || fr.api == apiCompletions {
-		// Never translated: only the upstreams serving the API take part.
-		if rt = h.nativeRoutes[fr.api][model]; rt == nil {
-			errNoAPI(model, fr.api).writeAs(w, f)
-			return nil
-		}
+	// Only the upstreams that can serve the front's API take part.
+	if rt = h.apiRoutes[fr.api][model]; rt == nil {
+		errNoAPI(model, fr.api).writeAs(w, f)
+		return nil
 	}
+	fr.resume = rt.resume && stream
 	if dups&rt.dupKeys != 0 {
 		// A key this model's patches write appears twice: the upstream might
 		// read the client's copy instead of the patched one.
