@@ -489,6 +489,35 @@ func TestResumeMessagesFront(t *testing.T) {
 	if prefix, ok := lastAssistant(calls[0].Body); !ok || prefix != strings.Join(resumeTokens[:40], "") {
 		t.Errorf("prefill = %q (%v)", prefix, ok)
 	}
+
+	t.Run("a messages-only upstream is passed over", func(t *testing.T) {
+		// The continuation is chat: the native Messages upstream between
+		// the two cannot take it.
+		native := newUpstream(t, nativeMessages("NATIVE"))
+		conf := resumeConfig(a, b, "30s")
+		conf["providers"] = append(conf["providers"].([]map[string]any), obj("id", "pn", "url", native.base(), "apis", []string{"messages"}, "probe_interval", "0s"))
+		conf["upstreams"] = append(conf["upstreams"].([]map[string]any), obj("id", "n", "provider", "pn", "model", "claude"))
+		conf["models"] = []map[string]any{obj("name", "m", "upstreams", []string{"a", "n", "b"}, "resume", "on")}
+		p.load(conf)
+		n0 := len(b.Calls())
+		st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
+			Messages: []anthropic.MessageParam{userText("count")}})
+		var acc anthropic.Message
+		for st.Next() {
+			if err := acc.Accumulate(st.Current()); err != nil {
+				t.Fatalf("Accumulate: %v", err)
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		if len(acc.Content) != 1 || acc.Content[0].Text != resumeFull {
+			t.Fatalf("message = %+v", acc)
+		}
+		if len(native.Calls()) != 0 || len(b.Calls()) != n0+1 {
+			t.Errorf("native upstream calls %d (want 0), chat upstream calls %d (want 1)", len(native.Calls()), len(b.Calls())-n0)
+		}
+	})
 }
 
 // TestResumeConfigValue: resume takes on or off only.

@@ -107,21 +107,22 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 	c := first.cont
 	defer c.close()
 	if why := c.notResumable(body, fr); why != "" {
-		c.fail(rt, "", why)
+		c.fail(rt.name, "", why)
+	}
+	if fr.api != apiChat {
+		// The continuation is a chat request: only the model's upstreams
+		// that serve chat, in the same order, after the one that broke.
+		name := rt.name
+		if rt, idx = h.chatRoute(rt.name, c.from); rt == nil {
+			c.fail(name, "", "no_upstream")
+		}
 	}
 	for from := idx + 1; ; {
 		j, ok := h.claimNext(rt, from)
 		if !ok {
-			c.fail(rt, "", "no_upstream")
+			c.fail(rt.name, "", "no_upstream")
 		}
 		t := &rt.targets[j]
-		if !t.up.apis.has(apiChat) {
-			// The continuation is a chat request: a Messages- or
-			// Responses-only upstream cannot take it.
-			t.up.state.release()
-			from = j + 1
-			continue
-		}
 		res, v := h.continueOn(r, rt, t, c, body, fr)
 		switch v {
 		case contDone:
@@ -133,16 +134,31 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			}
 			return c.final(res), t
 		case contDiverged:
-			c.fail(rt, t.up.id, resumeDiverged)
+			c.fail(rt.name, t.up.id, resumeDiverged)
 		}
 		if why := c.notResumable(nil, fr); why != "" {
-			c.fail(rt, t.up.id, why)
+			c.fail(rt.name, t.up.id, why)
 		}
 		if res.fault {
 			c.from = t.up // it broke as well: the next one continues from it
 		}
 		from = j + 1
 	}
+}
+
+// chatRoute is the model's route of chat-serving upstreams and the index
+// of u in it (nil when u is not there).
+func (h *Handler) chatRoute(model string, u *upstream) (*route, int) {
+	rt := h.apiRoutes[apiChat][model]
+	if rt == nil {
+		return nil, 0
+	}
+	for i := range rt.targets {
+		if rt.targets[i].up == u {
+			return rt, i
+		}
+	}
+	return nil, 0
 }
 
 // notResumable says why the stream cannot be continued, "" when it can:
@@ -166,15 +182,15 @@ func (c *continuation) notResumable(body []byte, fr *frontReq) string {
 // fail ends a stream no upstream could finish: the error event of the
 // break (diverged included: SPEC §12's event), the metric, the log, then the
 // abort, as an attempt does for a cut stream.
-func (c *continuation) fail(rt *route, to, why string) {
+func (c *continuation) fail(model, to, why string) {
 	result := resumeFailed
 	if why == resumeDiverged {
 		result = resumeDiverged
 	}
 	h := c.ex.h
-	h.metrics.resumes.WithLabelValues(rt.name, result).Inc()
+	h.metrics.resumes.WithLabelValues(model, result).Inc()
 	if ce := h.logger.Check(zapcore.WarnLevel, "stream resume failed"); ce != nil {
-		ce.Write(zap.String("model", rt.name), zap.String("from", c.from.id), zap.String("to", to),
+		ce.Write(zap.String("model", model), zap.String("from", c.from.id), zap.String("to", to),
 			zap.String("reason", why), zap.String("code", c.code))
 	}
 	c.ex.sendErrorEvent(c.code)
