@@ -612,3 +612,43 @@ func TestResumeNoLeak(t *testing.T) {
 			runtime.NumGoroutine() <= base+3
 	})
 }
+
+// TestResumeChained: the continuation breaks as well; the third upstream
+// finishes from everything the client has by then.
+func TestResumeChained(t *testing.T) {
+	a := newUpstream(t, faultChunkedCut(firstEvents(20)))
+	// b continues from the prefill with 20 more tokens, then is cut.
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		var ev []string
+		for _, tok := range resumeTokens[20:40] {
+			ev = append(ev, resumeB.chunk(fmt.Sprintf(`{"content":%q}`, tok), ""))
+		}
+		faultChunkedCut(append([]string{resumeB.chunk(`{"role":"assistant","content":""}`, "")}, ev...))(w, r)
+	})
+	c := newUpstream(t, deterministic(resumeModel{"chatcmpl-third", 333, "real-c"}, false, 1))
+	conf := resumeConfig(a, b, "30s")
+	conf["providers"] = append(conf["providers"].([]map[string]any), obj("id", "pc", "url", c.base(), "probe_interval", "0s"))
+	conf["upstreams"] = append(conf["upstreams"].([]map[string]any), obj("id", "c", "provider", "pc", "model", "real-c"))
+	conf["models"] = []map[string]any{obj("name", "m", "upstreams", []string{"a", "b", "c"}, "resume", "on")}
+	p := startProxy(t, conf)
+	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
+	body, err := faultRead(resp)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, read error %v; body %q", resp.StatusCode, err, tail(body, 300))
+	}
+	resumedStream(t, body, resumeFull, 20)
+	calls := c.Calls()
+	if len(calls) != 1 {
+		t.Fatalf("third upstream got %d calls, want 1", len(calls))
+	}
+	if prefix, _ := lastAssistant(calls[0].Body); prefix != strings.Join(resumeTokens[:40], "") {
+		t.Errorf("third upstream's prefill %q, want the 40 tokens a and b delivered", prefix)
+	}
+	var hop bool
+	for _, e := range p.logEntries("continuing stream") {
+		hop = hop || e["from"] == "b" && e["to"] == "c"
+	}
+	if !hop {
+		t.Error("no continuing stream log entry from b to c")
+	}
+}
