@@ -80,6 +80,7 @@ func init() {
 //	        retries             <int>
 //	        retry_after_wait    <duration>
 //	        context_window      <int>
+//	        prefill             [true|false]
 //	        patch               <patch>
 //	    }
 //
@@ -87,6 +88,7 @@ func init() {
 //	        upstreams           <upstream id> [<upstream id>...]
 //	        queue_size          <int>
 //	        queue_timeout       <duration>
+//	        resume              on|off
 //	        patch               <patch>
 //	    }
 //
@@ -454,6 +456,11 @@ func (p *parser) upstream() error {
 			up.RetryAfterWait, err = p.duration(where, name)
 		case "context_window":
 			up.ContextWindow, err = p.count(where, name)
+		case "prefill":
+			var b bool
+			if b, err = p.flag(where, name); err == nil {
+				up.Prefill = &b
+			}
 		case "patch":
 			up.Patch, err = p.patch(where)
 		default:
@@ -555,6 +562,10 @@ func (p *parser) model() error {
 			}
 		case "queue_timeout":
 			m.QueueTimeout, err = p.duration(where, opt)
+		case "resume":
+			if m.Resume, err = p.str(where, opt); err == nil && m.Resume != "on" && m.Resume != "off" {
+				err = d.Errf("%sresume: want on or off, got %q", where, m.Resume)
+			}
 		case "patch":
 			m.Patch, err = p.patch(where)
 		default:

@@ -77,6 +77,9 @@ type attemptResult struct {
 	usage     transform.Usage
 	sent      time.Time
 	firstByte time.Time
+	// cont: the stream broke and is handed to a continuation (resume.go);
+	// the serve loop runs it once this attempt is recorded.
+	cont *continuation
 }
 
 // Reasons a stream can end abnormally after its first byte reached the

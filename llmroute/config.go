@@ -205,6 +205,12 @@ type Upstream struct {
 	// whose estimated prompt tokens plus its max_tokens exceed it skips
 	// this upstream. Default 0: no check.
 	ContextWindow int `json:"context_window,omitempty"`
+	// Prefill says whether this upstream continues an assistant message
+	// sent as the last message of the request (assistant prefill), which a
+	// mid-stream continuation (model `resume`) relies on; false makes the
+	// continuation replay the request and match the regenerated text
+	// instead. Default: true.
+	Prefill *bool `json:"prefill,omitempty"`
 }
 
 // Model is what clients ask for: a name and an ordered list of upstreams.
@@ -225,6 +231,11 @@ type Model struct {
 
 	// QueueTimeout overrides the handler's queue_timeout for this model.
 	QueueTimeout *Duration `json:"queue_timeout,omitempty"`
+
+	// Resume, "on", continues a chat stream that breaks after bytes reached
+	// the client (cut, stall, request timeout) on the next free upstream of
+	// the model, so the client sees one stream (SPEC §15). Default: "off".
+	Resume string `json:"resume,omitempty"`
 }
 
 // ThinkTags is a think_tags setting. It accepts a JSON string or a boolean
@@ -466,6 +477,9 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		}
 		if err := checkPatch(m.Patch); err != nil {
 			bad("%s: patch: %v", where, err)
+		}
+		if m.Resume != "" && m.Resume != "on" && m.Resume != "off" {
+			bad("%s: resume: want on or off, got %q", where, m.Resume)
 		}
 		if m.QueueSize != nil && *m.QueueSize < 0 {
 			bad("%s: queue_size must not be negative", where)

@@ -57,6 +57,9 @@ type exchange struct {
 	sink sink          // where the copy loop writes; &out or a stage before it
 	rws  rewriteSink   // the think-rewrite stage, when used
 	body bodyTransform // non-stream whole-body transform, nil = pass through
+
+	follow *followSink   // model resume: the first stage, following the chat stream (resume.go)
+	cont   *continuation // set when a broken stream is handed over to be continued
 }
 
 // sink is one stage of the response chain. Write takes what the stage
@@ -189,6 +192,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 	ex.w8.stop()
 
 	ex.chooseSinks()
+	ex.watchResume()
 	if ex.body != nil {
 		// A whole-body transform reads the body before the status goes out,
 		// so that a read error can still fail over.
@@ -208,9 +212,10 @@ func (ex *exchange) run(body []byte) attemptResult {
 	h.writeResponseHeader(ex.w, resp, u, ex.translated)
 	if serr := ex.copyResponse(); serr != nil {
 		res.result = serr.result
-		res.abort = serr.code != ""
+		res.abort = serr.code != "" && ex.cont == nil
 		res.fault = serr.fault
 	}
+	res.cont = ex.cont
 	return res
 }
 
@@ -314,9 +319,7 @@ func (ex *exchange) copyResponse() *streamErr {
 		}
 	}
 	defer ex.out.stop()
-	if ex.rws.rw != nil {
-		defer ex.h.putRewriter(ex.u, ex.rws.rw)
-	}
+	defer ex.releaseRewriter()
 	err := pump(ex.sink, ex.resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8)
 	if err == nil {
 		err = ex.sink.end()
@@ -324,7 +327,18 @@ func (ex *exchange) copyResponse() *streamErr {
 	if err == nil {
 		return nil
 	}
+	if se := ex.handOver(err); se != nil {
+		return se // a continuation takes the stream on (resume.go)
+	}
 	return ex.streamFailure(err)
+}
+
+// releaseRewriter returns the think rewriter to its pool, unless a
+// continuation goes on writing through it.
+func (ex *exchange) releaseRewriter() {
+	if ex.rws.rw != nil && ex.cont == nil {
+		ex.h.putRewriter(ex.u, ex.rws.rw)
+	}
 }
 
 // pump copies first, then the rest of body. The idle watchdog runs only
@@ -376,30 +390,54 @@ func (e errTimerWon) Error() string { return "watchdog fired: " + e.reason }
 // streamFailure classifies a body copy that did not end cleanly and, when
 // the upstream is at fault on an event stream, sends the final error event.
 func (ex *exchange) streamFailure(err error) *streamErr {
+	se := ex.breakVerdict(err)
+	if se == nil || se.code == "" {
+		return se
+	}
+	ex.logBreak(se.code, err)
+	ex.sendErrorEvent(se.code)
+	return se
+}
+
+// breakVerdict classifies a body copy of this exchange that ended with err.
+func (ex *exchange) breakVerdict(err error) *streamErr {
+	return copyVerdict(err, &ex.w8, ex.r.Context().Err() != nil, ex.ctx.Err(), ex.finished())
+}
+
+// copyVerdict is streamVerdict for a copy that ended with err, the
+// watchdog w8 having run over it.
+func copyVerdict(err error, w8 *watchdog, clientGone bool, ctxErr error, done bool) *streamErr {
 	var cw errClientWrite
-	fired := ex.w8.firedFor()
+	fired := w8.firedFor()
 	var tw errTimerWon
 	if errors.As(err, &tw) {
 		fired = tw.reason
 	}
-	done := ex.out.finished() || ex.st != nil && ex.st.Finished()
-	se := streamVerdict(done, errors.As(err, &cw), ex.r.Context().Err() != nil, fired, ex.ctx.Err())
-	if se == nil || se.code == "" {
-		return se
-	}
+	return streamVerdict(done, errors.As(err, &cw), clientGone, fired, ctxErr)
+}
+
+// finished reports that the stream's final event reached the client.
+func (ex *exchange) finished() bool {
+	return ex.out.finished() || ex.st != nil && ex.st.Finished()
+}
+
+func (ex *exchange) logBreak(code string, err error) {
 	if c := ex.h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); c != nil {
-		c.Write(zap.String("upstream", ex.u.id), zap.String("reason", se.code), zap.String("error", redactError(err)))
+		c.Write(zap.String("upstream", ex.u.id), zap.String("reason", code), zap.String("error", redactError(err)))
 	}
+}
+
+// sendErrorEvent sends the final error event of a broken stream.
+func (ex *exchange) sendErrorEvent(code string) {
 	switch {
 	case ex.st != nil:
 		// The front's own error event (Anthropic's event: error, Responses'
 		// response.failed), then the abort.
-		_ = ex.st.Fail(se.code, streamErrorMessages[se.code])
+		_ = ex.st.Fail(code, streamErrorMessages[code])
 		_ = ex.out.writeQueued()
 	case ex.plainSSE:
-		ex.out.writeError(se.code)
+		ex.out.writeError(code)
 	}
-	return se
 }
 
 // streamVerdict classifies a response that broke off after it reached the

@@ -161,6 +161,7 @@ type frontReq struct {
 	// arrival is when the request reached the handler: time to first
 	// token and the request duration count from it.
 	arrival time.Time
+	resume  bool // the model continues broken streams (resume.go)
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint: native

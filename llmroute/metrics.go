@@ -23,6 +23,7 @@ type routeMetrics struct {
 	requests  *prometheus.CounterVec
 	probes    *prometheus.CounterVec
 	queueWait *prometheus.HistogramVec
+	resumes   *prometheus.CounterVec // resume.go
 	state     stateCollector
 	vis       visibilityMetrics // usage.go
 }
@@ -43,6 +44,10 @@ func getMetrics() *routeMetrics {
 				Help:    "Time requests spent waiting for a slot. result: admitted, timeout, full, cancelled.",
 				Buckets: []float64{0, .005, .025, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 			}, []string{"model", "result"}),
+			resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_stream_resumes_total",
+				Help: "Broken streams of models with resume on, by how the continuation ended. result: ok, diverged, failed.",
+			}, []string{"model", "result"}),
 			vis: newVisibilityMetrics(),
 		}
 	})
@@ -55,7 +60,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.state}, m.vis.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.state}, m.vis.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

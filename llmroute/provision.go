@@ -82,6 +82,7 @@ type upstream struct {
 	probeEP   endpoint         // where the probe goes: chat, else an API the upstream serves
 	reasoning string
 	emptyOK   bool
+	prefill   bool // takes an assistant prefill (resume.go)
 }
 
 // cooling returns how long the upstream is still out of rotation.
@@ -115,6 +116,7 @@ type route struct {
 	queueTimeout time.Duration // 0 = until the client goes away
 	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
 	sizes        fitRoutes     // variants per request size (context windows, long context)
+	resume       bool          // continue a broken stream on another upstream (resume.go)
 }
 
 // Provision resolves the config, adopts shared state and starts the prober.
@@ -375,6 +377,7 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		u.longCap = int64(p.LongContextCapacity)
 		u.long = h.adoptLong(p.ID, u.longCap)
 	}
+	u.prefill = uc.Prefill == nil || *uc.Prefill
 	switch {
 	case uc.Backoff != nil:
 		u.backoffScope, u.backoffCap = "upstream", time.Duration(*uc.Backoff)
@@ -437,7 +440,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llm_route config: model %q: patch: %v", m.Name, err)
 	}
-	rt := &route{name: m.Name, nameAny: m.Name, queueSize: h.QueueSize}
+	rt := &route{name: m.Name, nameAny: m.Name, queueSize: h.QueueSize, resume: m.Resume == "on"}
 	if m.QueueSize != nil {
 		rt.queueSize = *m.QueueSize
 	}

@@ -112,6 +112,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		errNoAPI(model, fr.api).writeAs(w, f)
 		return nil
 	}
+	fr.resume = rt.resume && stream
 	if dups&rt.dupKeys != 0 {
 		// A key this model's patches write appears twice: the upstream might
 		// read the client's copy instead of the patched one.
@@ -173,6 +174,8 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		h.setRouteHeaders(w, t, len(failures)+1)
 		fr.rt, fr.idx = rt, idx
 		res := h.attempt(w, r, rt, t, body, &fr)
+		if res.cont != nil {
+			res, t = h.resume(r, rt, idx, res, body, &fr) // the stream broke: continue it
 		if kr != nil {
 			h.settleAttempt(kr, t, res)
 		}
