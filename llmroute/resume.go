@@ -298,7 +298,10 @@ func (c *continuation) try(r *http.Request, t *target, body []byte, fr *frontReq
 		drain(resp.Body)
 		return attemptResult{out: outDone, result: result4xx, status: st}, contPrefillRejected
 	case failoverStatus(st):
-		h.noteRetryAfter(u, resp, time.Now())
+		now := time.Now()
+		if d := retryAfterOf(resp, now); d > 0 {
+			h.holdRetryAfter(u, st, d, now)
+		}
 		w8.arm(drainTimeout, codeDrain)
 		h.drainFailed(u, resp)
 		return attemptResult{out: outFailover, result: statusResult(st), status: st}, contNext

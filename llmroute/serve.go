@@ -176,6 +176,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		res := h.attempt(w, r, rt, t, body, &fr)
 		if res.cont != nil {
 			res, t = h.resume(r, rt, idx, res, body, &fr) // the stream broke: continue it
+		}
 		if kr != nil {
 			h.settleAttempt(kr, t, res)
 		}
