@@ -41,6 +41,7 @@ func init() {
 //	        url                 <base url>
 //	        key                 <key or placeholder>
 //	        max_concurrency     <int>
+//	        capacity            <int>
 //	        session_header      <header name>
 //	        apis                chat|messages|responses|embeddings|completions [...]
 //	        auth                bearer|x-api-key|api-key
@@ -291,6 +292,8 @@ func (p *parser) provider() error {
 			prov.Key, err = p.str(where, name)
 		case "max_concurrency":
 			prov.MaxConcurrency, err = p.count(where, name)
+		case "capacity":
+			prov.Capacity, err = p.count(where, name)
 		case "session_header":
 			prov.SessionHeader, err = p.str(where, name)
 		case "think_tags":

@@ -250,7 +250,7 @@ func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
 // finish releases the slot and records the attempt: metric, backoff, log.
 func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Time) {
 	u := t.up
-	n := u.state.release()
+	n := u.release()
 	now := time.Now()
 	if res.out == outFailover || res.fault {
 		u.recordFailure(now, h.logger)

@@ -66,6 +66,9 @@ type upstream struct {
 	state   *upstreamState
 	backoff *backoffState // nil when backoff is off
 
+	prov     *providerState // the provider's shared capacity accounting
+	capacity int64          // the provider's capacity, unlimited when none
+
 	basePatch *transform.Patch // provider patch then upstream patch
 	probeBody []byte           // SPEC §3 probe, patches applied
 	reasoning string
@@ -147,6 +150,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	h.upstreams = make(map[string]*upstream, len(h.Upstreams))
 	backoffs := make(map[string]*backoffState)
+	provStates := make(map[string]*providerState, len(h.Providers))
+	provFresh := make(map[string]bool, len(h.Providers))
 	for _, uc := range h.Upstreams {
 		p := providers[uc.Provider]
 		u, err := h.compileUpstream(uc, p, conns[p.ID], providerPatches[p.ID])
@@ -155,6 +160,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		var fresh bool
 		u.state, fresh = h.refs.adoptUpstream(u.id)
+		u.capacity = unlimited
+		if p.Capacity > 0 {
+			u.capacity = int64(p.Capacity)
+		}
+		if _, ok := provStates[p.ID]; !ok {
+			provStates[p.ID], provFresh[p.ID] = h.refs.adoptProvider(p.ID)
+		}
+		u.prov = provStates[p.ID]
+		if provFresh[p.ID] {
+			u.prov.capacity.Store(u.capacity) // nobody else uses it yet
+		}
 		if u.backoffScope != "" {
 			scopeID := u.id
 			if u.backoffScope == "provider" {
@@ -505,6 +521,7 @@ func (h *Handler) attemptContext(parent context.Context) (context.Context, conte
 // state: slot limit, metric label, backoff scope and cap.
 func (u *upstream) applyShared() {
 	u.state.limit.Store(u.limit)
+	u.prov.capacity.Store(u.capacity)
 	u.state.provider.Store(&u.provider)
 	u.state.backoff.Store(u.backoff)
 	if u.backoff != nil {

@@ -209,6 +209,7 @@ func backoffKey(scope, id string) string { return scope + "/" + id }
 type poolRefs struct {
 	upstreams []string
 	backoffs  []string
+	providers []string
 }
 
 func (p *poolRefs) release() {
@@ -218,7 +219,10 @@ func (p *poolRefs) release() {
 	for _, k := range p.backoffs {
 		_, _ = backoffPool.Delete(k)
 	}
-	p.upstreams, p.backoffs = nil, nil
+	for _, k := range p.providers {
+		_, _ = providerPool.Delete(k)
+	}
+	p.upstreams, p.backoffs, p.providers = nil, nil, nil
 }
 
 // adoptUpstream returns the shared state for id, creating it if needed, and

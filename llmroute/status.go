@@ -120,7 +120,11 @@ func snapshot(now time.Time) statusSnapshot {
 				continue
 			}
 			seenProv[p.ID] = len(snap.Providers)
-			snap.Providers = append(snap.Providers, providerStatus{ID: p.ID, Upstreams: []string{}})
+			ps := providerStatus{ID: p.ID, Upstreams: []string{}}
+			if p.Capacity > 0 {
+				ps.Capacity = new(int64(p.Capacity))
+			}
+			snap.Providers = append(snap.Providers, ps)
 		}
 		for _, name := range h.modelList {
 			if seenModel[name] {
