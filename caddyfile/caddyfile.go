@@ -36,6 +36,17 @@ func init() {
 //	    max_rewrite_size    <size>
 //	    client_write_timeout <duration>
 //	    route_headers       [true|false]
+//	    state memory|redis {
+//	        address        <host:port>
+//	        username       <name or placeholder>
+//	        password       <password or placeholder>
+//	        db             <int>
+//	        prefix         <key prefix>
+//	        tls            [true|false]
+//	        timeout        <duration>
+//	        lease_ttl      <duration>
+//	        on_state_error local|reject
+//	    }
 //
 //	    provider <id> {
 //	        url                 <base url>
@@ -207,6 +218,11 @@ func (p *parser) handler() error {
 			err = p.upstream()
 		case "model":
 			err = p.model()
+		case "state":
+			if err = seen.once(d, "", name); err != nil {
+				return err
+			}
+			err = p.state()
 		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
 			"client_write_timeout", "max_request_body", "queue_size", "cors", "max_rewrite_size", "route_headers":
 			if err = seen.once(d, "", name); err != nil {

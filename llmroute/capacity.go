@@ -71,31 +71,63 @@ func (p *poolRefs) adoptProvider(id string) (st *providerState, fresh bool) {
 }
 
 // tryClaim takes a slot on the upstream and a unit of its provider's
-// capacity, both or neither: the upstream slot is claimed first and rolled
-// back if the provider is full. Every provider is counted, with a capacity
-// or not (one more atomic add), so that setting a capacity by a reload
-// counts the requests already running. A rollback can make
-// a concurrent claim see the upstream full for an instant; such a claimer is
-// either under the scheduler (which waits on the queue and is dispatched
-// below) or on the admission fast path, which falls back to the queue.
+// capacity, both or neither, in this process and, with the redis state,
+// fleet-wide. locked tells that the caller holds the scheduler's lock.
 func (u *upstream) tryClaim(locked bool) (int64, bool) {
-	n, ok := u.state.tryClaim()
-	if !ok || u.prov == nil { // nil: an upstream built by hand in a unit test
-		return n, ok
+	var n int64
+	var ok, wake bool
+	if f := activeFleet.Load(); f != nil {
+		n, ok, wake = f.tryClaim(u)
+	} else {
+		n, ok, wake = u.claimLocal()
 	}
-	if u.prov.tryClaim() {
-		return n, true
-	}
-	u.state.inflight.Add(-1)
-	if !locked {
+	if wake && !locked {
 		sched.dispatch() // a waiter that saw our transient slot may take it
 	}
-	return n - 1, false
+	return n, ok
 }
 
-// release frees the upstream slot and the provider unit claimed with it,
-// then wakes the queue once: a waiter may have been held by either.
+// claimLocal claims in this process: the upstream slot first, rolled back
+// if the provider is full. Every provider is counted, with a capacity or
+// not (one more atomic add), so that setting a capacity by a reload counts
+// the requests already running. A rollback can make a concurrent claim see
+// the upstream full for an instant; rolledBack tells the caller to wake the
+// queue, where such a claimer ends up (the admission fast path falls back
+// to it).
+func (u *upstream) claimLocal() (n int64, ok, rolledBack bool) {
+	n, ok = u.state.tryClaim()
+	if !ok || u.prov == nil { // nil: an upstream built by hand in a unit test
+		return n, ok, false
+	}
+	if u.prov.tryClaim() {
+		return n, true, false
+	}
+	u.state.unclaim()
+	return n - 1, false, true
+}
+
+// unclaimLocal undoes claimLocal without waking the queue (the caller does).
+func (u *upstream) unclaimLocal() {
+	if u.prov != nil {
+		u.prov.release()
+	}
+	u.state.unclaim()
+}
+
+// unclaim undoes a tryClaim whose request never started.
+func (s *upstreamState) unclaim() {
+	if s.inflight.Add(-1) == 0 {
+		draining.CompareAndDelete(s.id, s)
+	}
+}
+
+// release frees the upstream slot and the provider unit claimed with it
+// (fleet-wide first, with the redis state), then wakes the queue once: a
+// waiter may have been held by either.
 func (u *upstream) release() int64 {
+	if f := activeFleet.Load(); f != nil {
+		f.release(u)
+	}
 	if u.prov != nil {
 		u.prov.release()
 	}

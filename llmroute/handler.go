@@ -96,6 +96,11 @@ type Handler struct {
 	// `X-LLM-Route-Skipped` (why each upstream was passed over) to the
 	// proxy's own 503s. Default true; false removes them.
 	RouteHeaders *bool `json:"route_headers,omitempty"`
+	// State is where slot, capacity and backoff accounting lives (SPEC
+	// §17): `{"backend":"memory"}` (the default: this process only) or
+	// `{"backend":"redis",…}`, shared by every instance using the same
+	// Redis and prefix.
+	State *StateConfig `json:"state,omitempty"`
 
 	ctx       caddy.Context
 	logger    *zap.Logger
@@ -131,6 +136,8 @@ type Handler struct {
 
 	stopProber chan struct{}
 	proberDone chan struct{}
+
+	fleet *fleet // the redis state, nil for memory
 }
 
 // CaddyModule returns the Caddy module information.

@@ -53,7 +53,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.probes, m.queueWait, m.state, providerCollector{}} {
+	for _, c := range []prometheus.Collector{m.requests, m.probes, m.queueWait, m.state, providerCollector{}, stateErrors} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

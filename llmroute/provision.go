@@ -133,6 +133,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		providers[h.Providers[i].ID] = &h.Providers[i]
 	}
 	repl := caddy.NewReplacer()
+	if err := h.provisionState(repl); err != nil {
+		return err
+	}
 	h.transport = newTransport()
 	conns := make(map[string]*providerConn, len(h.Providers))
 	providerPatches := make(map[string]*transform.Patch, len(h.Providers))
@@ -451,6 +454,10 @@ func (h *Handler) Cleanup() error {
 		h.transport.CloseIdleConnections()
 	}
 	h.refs.release()
+	if h.fleet != nil {
+		activeFleet.CompareAndSwap(h.fleet, nil)
+		h.fleet.close()
+	}
 	leaveGeneration(h)
 	return nil
 }
@@ -540,6 +547,7 @@ func (h *Handler) applySharedWhenStarted() {
 			u.applyShared()
 		}
 		registerHandler(h) // the admin API reports running configs only
+		h.startState()
 		sched.dispatch()
 	}
 	if h.events == nil {
