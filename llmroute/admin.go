@@ -24,7 +24,7 @@ func init() {
 //
 //   - GET /llm_route/status — JSON snapshot of every upstream, provider and
 //     model of every running llm_route handler;
-//   - GET /llm_route/explain?model=M[&tokens=N] — where a request for M would
+//   - GET /llm_route/explain?model=M[&tokens=N][&api=A] — where a request for M would
 //     go now and why, per upstream;
 //   - GET /llm_route/ — an HTML status page, rendered with the snapshot and
 //     refreshed by its script every second.
@@ -62,6 +62,9 @@ var (
 		"cooling":  coolingText,
 		"limitMax": limitMax,
 		"since":    sinceText,
+		"failure":  failureText,
+		"probe":    probeText,
+		"oldest":   oldestText,
 	}).Parse(pageHTML))
 )
 
@@ -97,12 +100,26 @@ func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
 		}
 		tokens = &n
 	}
+	a := apiChat
+	if s := q.Get("api"); s != "" {
+		set, err := parseAPIs([]string{s})
+		if err != nil {
+			apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_api",
+				message: "api " + err.Error()}.write(w)
+			return nil
+		}
+		for a = range numAPIs {
+			if set.has(a) {
+				break
+			}
+		}
+	}
 	rt := findRoute(name)
 	if rt == nil {
 		errUnknownModel(name).write(w)
 		return nil
 	}
-	return writeAdminJSON(w, explain(rt, tokens, time.Now()))
+	return writeAdminJSON(w, explain(rt, a, tokens, time.Now()))
 }
 
 // handlePage serves the status page and its two assets; anything else under
@@ -186,6 +203,36 @@ func sinceText(t *time.Time) string {
 		return "—"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+// failureText is "5xx 2026-12-01T10:00:00Z": the last failed attempt's
+// class and when the cooling began (or the attempt ended); "—" for none.
+func failureText(us upstreamStatus) string {
+	if us.LastFailureAt == nil {
+		return "—"
+	}
+	if us.LastFailure == nil {
+		return sinceText(us.LastFailureAt)
+	}
+	return *us.LastFailure + " " + sinceText(us.LastFailureAt)
+}
+
+// probeText is the probe counters and the last probe: "2 / 1, last ok
+// 2026-12-01T10:00:00Z".
+func probeText(us upstreamStatus) string {
+	s := strconv.FormatInt(us.Probes.OK, 10) + " / " + strconv.FormatInt(us.Probes.Fail, 10)
+	if us.LastProbe != nil {
+		s += ", last " + us.LastProbe.Result + " " + sinceText(&us.LastProbe.At)
+	}
+	return s
+}
+
+// oldestText is ", oldest 12s" while requests wait, else "".
+func oldestText(ms modelStatus) string {
+	if ms.OldestWaitSeconds <= 0 {
+		return ""
+	}
+	return ", oldest " + strconv.Itoa(int(math.Ceil(ms.OldestWaitSeconds))) + "s"
 }
 
 // Interface guards

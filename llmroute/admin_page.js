@@ -31,6 +31,24 @@
     return t === null ? "\u2014" : new Date(t).toISOString().replace(/\.\d+Z$/, "Z");
   }
 
+  // The same texts as the server-rendered page (admin.go).
+  function probe(u) {
+    let s = u.probes.ok + " / " + u.probes.fail;
+    if (u.last_probe !== null) s += ", last " + u.last_probe.result + " " + when(u.last_probe.at);
+    return s;
+  }
+
+  function failure(u) {
+    if (u.last_failure_at === null) return "\u2014";
+    return (u.last_failure === null ? "" : u.last_failure + " ") + when(u.last_failure_at);
+  }
+
+  function oldest(m) {
+    if (!(m.oldest_wait_seconds > 0)) return "";
+    const age = m.oldest_wait_seconds + (performance.now() - fetchedAt) / 1000;
+    return ", oldest " + Math.ceil(age) + "s";
+  }
+
   function upstreamRow(u) {
     const tr = el("tr");
     tr.dataset.upstream = u.id;
@@ -46,14 +64,14 @@
     const s = el("td", "slots");
     s.append(meter, " ", el("span", "slot-count", slots(u)));
     tr.append(s, el("td", "cooling", cooling(u)), el("td", "fail-streak", String(u.fail_streak)),
-      el("td", "probes", u.probes.ok + " / " + u.probes.fail), el("td", "last-failure", when(u.last_failure_at)));
+      el("td", "probes", probe(u)), el("td", "last-failure", failure(u)));
     return tr;
   }
 
   function modelRow(m) {
     const tr = el("tr");
     tr.dataset.model = m.name;
-    const q = m.queue_depth + " waiting" + (m.queue_size ? " (of " + m.queue_size + ")" : " (no queue)");
+    const q = m.queue_depth + " waiting" + (m.queue_size ? " (of " + m.queue_size + ")" : " (no queue)") + oldest(m);
     tr.append(el("td", "name", m.name), el("td", "route", m.upstreams.join(" \u2192 ")), el("td", "queue", q));
     return tr;
   }

@@ -79,19 +79,32 @@ var authHeaders = map[string]struct {
 	"api-key":   {http.CanonicalHeaderKey("api-key"), false},
 }
 
-// servingNatively is rt restricted to the targets whose upstream serves a
-// natively, nil when none does. The targets are copies sharing the
+// canServe reports whether an upstream serving apis can answer a request
+// of api a: natively, or — for Messages and Responses — translated to chat.
+// Chat, embeddings and completions are never translated.
+func (s apiSet) canServe(a api) bool {
+	if s.has(a) {
+		return true
+	}
+	return (a == apiMessages || a == apiResponses) && s.has(apiChat)
+}
+
+// servingAPI is rt restricted to the targets whose upstream can serve a: rt
+// itself when all can, nil when none can. The targets are copies sharing the
 // upstreams (slots, backoff) and the metric counters.
-func (rt *route) servingNatively(a api) *route {
+func (rt *route) servingAPI(a api) *route {
 	sub := *rt
 	sub.targets = nil
 	for _, t := range rt.targets {
-		if t.up.apis.has(a) {
+		if t.up.apis.canServe(a) {
 			sub.targets = append(sub.targets, t)
 		}
 	}
-	if len(sub.targets) == 0 {
+	switch len(sub.targets) {
+	case 0:
 		return nil
+	case len(rt.targets):
+		return rt
 	}
 	return &sub
 }

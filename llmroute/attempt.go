@@ -13,6 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
 // outcome tells the failover loop what to do after an attempt.
@@ -57,6 +59,12 @@ type attemptResult struct {
 	// translated), for the completion log.
 	api  api
 	mode string
+	// What the exchange saw, for metrics and the log (usage.go): the
+	// upstream's token usage, when the request went upstream and when the
+	// first body byte reached the client (zero: not reached).
+	usage     transform.Usage
+	sent      time.Time
+	firstByte time.Time
 }
 
 // Reasons a stream can end abnormally after its first byte reached the
@@ -80,13 +88,13 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 				if res.result == "" {
 					res.result, res.fault = resultNetErr, true
 				}
-				h.finish(rt, t, res, start)
+				h.finish(rt, t, res, start, fr.arrival)
 			}
 			panic(p)
 		}
 	}()
 	res = h.exchange(w, r, t, body, fr)
-	h.finish(rt, t, res, start)
+	h.finish(rt, t, res, start, fr.arrival)
 	recorded = true
 	if res.abort {
 		// The upstream broke after the client got bytes; the error event is
@@ -248,12 +256,13 @@ func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
 }
 
 // finish releases the slot and records the attempt: metric, backoff, log.
-func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Time) {
+func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival time.Time) {
 	u := t.up
 	n := u.release()
 	now := time.Now()
 	if res.out == outFailover || res.fault {
 		u.recordFailure(now, h.logger)
+		u.state.lastFailure.Store(&eventRecord{what: res.result, at: now})
 	}
 	if c := t.counters[res.result]; c != nil {
 		c.Inc()
@@ -263,7 +272,9 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start time.Tim
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
-			zap.Int64("slot_released", n), limitField(u.limit), zap.Stringer("api", res.api), zap.String("mode", res.mode))
+			zap.Int64("slot_released", n), limitField(u.limit), zap.Stringer("api", res.api), zap.String("mode", res.mode),
+			zap.Int64("input_tokens", res.usage.Input), zap.Int64("output_tokens", res.usage.Output),
+			ttftField(res, arrival), zap.Duration("request_duration", now.Sub(arrival)))
 	}
 }
 

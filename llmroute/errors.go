@@ -70,7 +70,7 @@ func (e apiError) write(w http.ResponseWriter) {
 	// OpenAI's error objects always carry param; SDKs may read it.
 	body = append(body, `,"param":null,"code":`...)
 	body = appendJSONString(body, e.code)
-	body = append(body, "}}\n"...)
+	body = append(body, `,"param":null}}`+"\n"...)
 	hdr := w.Header()
 	hdr.Set("Cache-Control", "no-store")
 	if e.retryAfter > 0 {

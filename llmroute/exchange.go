@@ -43,6 +43,7 @@ type exchange struct {
 	ctx    context.Context // the attempt: request_timeout, watchdog
 	cancel context.CancelFunc
 	w8     watchdog
+	sent   time.Time // the request went upstream
 
 	resp     *http.Response
 	buf      *[]byte // copy buffer, pooled
@@ -108,6 +109,7 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 	defer ex.out.clearDeadline()
 	res := ex.run(body)
 	res.api, res.mode = fr.api, ex.mode()
+	res.usage, res.sent, res.firstByte = ex.out.usage.Usage, ex.sent, ex.out.firstWrite
 	return res
 }
 
@@ -143,6 +145,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 	if ex.translated {
 		req.Header.Set("Accept-Encoding", "identity") // the answer is translated
 	}
+	ex.sent = time.Now()
 	resp, err := u.transport.RoundTrip(req)
 	if err != nil {
 		return h.classifyError(r, u, &ex.w8, ex.ctx, err)
@@ -247,6 +250,9 @@ func (ex *exchange) chooseSinks() {
 	}
 	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0, ex.sse, h.clientWrite, limit, ex.r.ProtoMajor == 2)
 	ex.sink = &ex.out
+	// Token usage is read from what reaches the client, when it is plain
+	// text (a compressed body is passed through unread).
+	ex.out.scanUsage = resp.StatusCode < 300 && identityEncoded(resp)
 	if ex.translated {
 		ex.chooseTranslator(rewrite)
 		return

@@ -3,6 +3,7 @@ package llmroute
 import (
 	"net/http"
 	"strconv"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -44,9 +45,9 @@ func (e apiError) writeAs(w http.ResponseWriter, f front) {
 	writeJSON(w, e.status, anthropic.ErrorBody(e.status, e.code, e.message))
 }
 
-// errNoAPI is the 503 for an embeddings or completions request to a model
-// none of whose upstreams serves that API natively (they are never
-// translated).
+// errNoAPI is the 503 for a request to a model none of whose upstreams can
+// serve the front's API (apiSet.canServe): embeddings and completions are
+// never translated, chat never goes to a messages-only upstream.
 func errNoAPI(model string, a api) apiError {
 	return apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "no_upstream_for_api",
 		message: "no upstream of model " + strconv.Quote(model) + " serves " + a.String(), retryAfter: 1}
@@ -155,6 +156,9 @@ type frontReq struct {
 	api     api
 	stream  bool
 	session string // the client's own session id, "" for none
+	// arrival is when the request reached the handler: time to first
+	// token and the request duration count from it.
+	arrival time.Time
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint: native

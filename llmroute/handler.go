@@ -113,10 +113,12 @@ type Handler struct {
 
 	upstreams map[string]*upstream
 	routes    map[string]*route
-	// nativeRoutes[api] are the models' routes restricted to the upstreams
-	// serving api natively, for the fronts that are never translated
-	// (embeddings, completions); a model with none is absent.
-	nativeRoutes    [numAPIs]map[string]*route
+	// apiRoutes[api] are the models' routes restricted to the upstreams
+	// that can serve api (apiSet.canServe): a chat request never goes to
+	// a messages-only upstream, nor an embeddings request to a chat-only
+	// one. A route all of whose upstreams can is the route itself; a model
+	// with none is absent.
+	apiRoutes       [numAPIs]map[string]*route
 	anthropicModels []byte // GET …/models with anthropic-version, pre-encoded
 	modelList       []string
 	modelsBody      []byte

@@ -24,6 +24,7 @@ type routeMetrics struct {
 	probes    *prometheus.CounterVec
 	queueWait *prometheus.HistogramVec
 	state     stateCollector
+	vis       visibilityMetrics // usage.go
 }
 
 func getMetrics() *routeMetrics {
@@ -42,6 +43,7 @@ func getMetrics() *routeMetrics {
 				Help:    "Time requests spent waiting for a slot. result: admitted, timeout, full, cancelled.",
 				Buckets: []float64{0, .005, .025, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 			}, []string{"model", "result"}),
+			vis: newVisibilityMetrics(),
 		}
 	})
 	return metrics
@@ -53,7 +55,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.probes, m.queueWait, m.state, providerCollector{}, stateErrors} {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.state, providerCollector{}, stateErrors}, m.vis.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -259,6 +261,7 @@ func pruneSeries(g *generation) {
 	deleteSeries(m.queueWait, func(l prometheus.Labels) bool {
 		return live.models[l["model"]]
 	})
+	m.vis.prune(live)
 }
 
 // labelledVec is what CounterVec and HistogramVec have in common.

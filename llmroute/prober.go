@@ -129,6 +129,7 @@ func (h *Handler) probe(parent context.Context, u *upstream) {
 		c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", status))
 	}
 	h.metrics.probes.WithLabelValues(u.id, u.provider, result).Inc()
+	u.state.lastProbe.Store(&eventRecord{what: result, at: time.Now()})
 }
 
 // sendProbe reports whether the upstream answered 2xx and sent a first body

@@ -88,6 +88,10 @@ type target struct {
 	// counters are this pair's llm_proxy_requests_total series, one per
 	// result, looked up once instead of hashing labels per request.
 	counters map[string]prometheus.Counter
+	// series are the pair's tokens, TTFT and duration series (usage.go),
+	// bound the same way; bound series also keep a request that ends on a
+	// removed upstream from bringing its pruned series back.
+	series targetSeries
 }
 
 // route is a client-visible model, compiled.
@@ -201,12 +205,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.routes[rt.name] = rt
 		h.modelList = append(h.modelList, rt.name)
-		for _, a := range []api{apiEmbeddings, apiCompletions} {
-			if sub := rt.servingNatively(a); sub != nil {
-				if h.nativeRoutes[a] == nil {
-					h.nativeRoutes[a] = make(map[string]*route)
+		for a := range numAPIs {
+			if sub := rt.servingAPI(a); sub != nil {
+				if h.apiRoutes[a] == nil {
+					h.apiRoutes[a] = make(map[string]*route)
 				}
-				h.nativeRoutes[a][rt.name] = sub
+				h.apiRoutes[a][rt.name] = sub
 			}
 		}
 	}
@@ -392,7 +396,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		for _, res := range allResults {
 			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.id, u.provider, res)
 		}
-		rt.targets = append(rt.targets, target{up: u, counters: counters, edit: transform.RequestEdit{
+		rt.targets = append(rt.targets, target{up: u, counters: counters, series: h.metrics.vis.bind(m.Name, u.id, u.provider), edit: transform.RequestEdit{
 			Model:            u.model,
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,

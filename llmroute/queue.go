@@ -43,6 +43,7 @@ type waiter struct {
 	rt    *route
 	ready chan int // the claimed target index, sent once
 	elem  *list.Element
+	since time.Time // when it queued, for the status's oldest wait
 }
 
 // dispatch admits waiters to whatever slots are free.
@@ -157,6 +158,21 @@ func soonestBack(rt *route, now time.Time) (time.Duration, bool) {
 	return soonest, all
 }
 
+// oldestWaits reports, per model with waiters, when its oldest queued
+// request arrived. The list is in arrival order, so the first seen wins.
+func oldestWaits() map[string]time.Time {
+	out := make(map[string]time.Time)
+	sched.mu.Lock()
+	defer sched.mu.Unlock()
+	for e := sched.waiters.Front(); e != nil; e = e.Next() {
+		w := e.Value.(*waiter)
+		if _, ok := out[w.rt.name]; !ok {
+			out[w.rt.name] = w.since
+		}
+	}
+	return out
+}
+
 // forEachQueue reports the queue depth of every model seen so far.
 func forEachQueue(f func(model string, depth int)) {
 	sched.mu.Lock()
@@ -199,7 +215,7 @@ func (h *Handler) wait(r *http.Request, rt *route) (int, *apiError) {
 		e := errQueueFull
 		return -1, &e
 	}
-	w := &waiter{rt: rt, ready: make(chan int, 1)}
+	w := &waiter{rt: rt, ready: make(chan int, 1), since: start}
 	w.elem = s.waiters.PushBack(w)
 	s.depth[rt.name]++
 	depth := s.depth[rt.name]

@@ -75,6 +75,7 @@ func methodAllowed(allow, method string) bool {
 // attempt (failing over to the next upstream while nothing has reached the
 // client) → respond. Only the attempt knows the front's wire format.
 func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) error {
+	arrival := time.Now()
 	bodyBuf := getBuffer()
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
@@ -94,18 +95,16 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		}
 		return nil
 	}
-	fr := frontReq{f: f, api: frontAPI(f), stream: stream}
+	fr := frontReq{f: f, api: frontAPI(f), stream: stream, arrival: arrival}
 	rt := h.routes[model]
 	if rt == nil {
 		errUnknownModel(model).writeAs(w, f)
 		return nil
 	}
-	if fr.api == apiEmbeddings || fr.api == apiCompletions {
-		// Never translated: only the upstreams serving the API take part.
-		if rt = h.nativeRoutes[fr.api][model]; rt == nil {
-			errNoAPI(model, fr.api).writeAs(w, f)
-			return nil
-		}
+	// Only the upstreams that can serve the front's API take part.
+	if rt = h.apiRoutes[fr.api][model]; rt == nil {
+		errNoAPI(model, fr.api).writeAs(w, f)
+		return nil
 	}
 	if dups&rt.dupKeys != 0 {
 		// A key this model's patches write appears twice: the upstream might
@@ -121,7 +120,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		repl.Set("http.llm_route.model", rt.nameAny)
 	}
 
+	admitStart := time.Now()
 	idx, apiErr := h.admit(r, rt)
+	queued := time.Since(admitStart)
 	if apiErr != nil {
 		if apiErr == errClientGone {
 			return caddyhttp.Error(499, errClientClosed)
@@ -143,7 +144,12 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front) er
 		}
 		h.setRouteHeaders(w, t, len(failures)+1)
 		res := h.attempt(w, r, rt, t, body, &fr)
+		if len(failures) == 0 {
+			h.observeOverhead(res, arrival, queued)
+		}
 		if res.out != outFailover {
+			h.observeRequest(t, res, arrival)
+			annotateSpan(r, rt, t, res, len(failures)+1)
 			if res.result == resultCancelled && res.status == 0 {
 				// The client left before any answer: nothing was written,
 				// so let Caddy log 499 rather than an empty 200.

@@ -48,6 +48,17 @@ type upstreamState struct {
 	// backoff is the backoff scope under the newest config (nil = none), for
 	// the cooling gauge.
 	backoff atomic.Pointer[backoffState]
+
+	// For the status: the last failed attempt (its result class and when)
+	// and the last probe. Written off the success path only.
+	lastFailure atomic.Pointer[eventRecord]
+	lastProbe   atomic.Pointer[eventRecord]
+}
+
+// eventRecord is a past event the status reports: what it was and when.
+type eventRecord struct {
+	what string
+	at   time.Time
 }
 
 // tryClaim takes a slot if the upstream is below its limit. It returns the

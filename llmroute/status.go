@@ -46,9 +46,15 @@ type upstreamStatus struct {
 	// "retry_after" (the upstream asked for the pause) or null.
 	CoolingReason *string `json:"cooling_reason"`
 	FailStreak    int64   `json:"fail_streak"`
-	// LastFailureAt is when the current or last cooling began (null: never,
-	// or the upstream has no backoff scope).
+	// LastFailure is the result class of the last failed attempt (5xx,
+	// 429, net_err, timeout, ...; null: none since the process started).
+	LastFailure *string `json:"last_failure"`
+	// LastFailureAt is when the current or last cooling began, else when
+	// the last failed attempt ended (null: never).
 	LastFailureAt *time.Time `json:"last_failure_at"`
+	// LastProbe is the last background probe's result ("ok", "fail") and
+	// time (null: never probed).
+	LastProbe *probeRecord `json:"last_probe"`
 	// Probes counts the background probes sent to it since the process
 	// started, by result (the llm_proxy_probe_pings_total counters).
 	Probes probeCounts `json:"probes"`
@@ -58,6 +64,11 @@ type upstreamStatus struct {
 	// FleetInflight is the in-flight count over every instance sharing the
 	// redis state (absent with memory, or while Redis does not answer).
 	FleetInflight *int64 `json:"fleet_inflight,omitempty"`
+}
+
+type probeRecord struct {
+	Result string    `json:"result"`
+	At     time.Time `json:"at"`
 }
 
 type probeCounts struct {
@@ -79,6 +90,9 @@ type modelStatus struct {
 	Upstreams  []string `json:"upstreams"` // in routing order
 	QueueDepth int      `json:"queue_depth"`
 	QueueSize  int      `json:"queue_size"` // 0 = no queue
+	// OldestWaitSeconds is how long the oldest queued request has waited
+	// (0: the queue is empty).
+	OldestWaitSeconds float64 `json:"oldest_wait_seconds"`
 }
 
 // Cooling reasons.
@@ -104,6 +118,7 @@ func snapshot(now time.Time) statusSnapshot {
 		snap.ConfigLoadedAt = &t
 	}
 	depth := queueDepths()
+	oldest := oldestWaits()
 	probes := probeTotals()
 
 	seenUp := make(map[string]bool)
@@ -141,6 +156,9 @@ func snapshot(now time.Time) statusSnapshot {
 			rt := h.routes[name]
 			ms := modelStatus{Name: name, Upstreams: make([]string, 0, len(rt.targets)),
 				QueueDepth: depth[name], QueueSize: rt.queueSize}
+			if since, ok := oldest[name]; ok {
+				ms.OldestWaitSeconds = math.Round(now.Sub(since).Seconds()*1000) / 1000
+			}
 			for _, t := range rt.targets {
 				ms.Upstreams = append(ms.Upstreams, t.up.id)
 			}
@@ -229,6 +247,15 @@ func stateStatus(s *upstreamState, b *backoffState, now time.Time) upstreamStatu
 			us.LastFailureAt = &last
 		}
 	}
+	if f := s.lastFailure.Load(); f != nil {
+		us.LastFailure = &f.what
+		if us.LastFailureAt == nil {
+			us.LastFailureAt = &f.at
+		}
+	}
+	if p := s.lastProbe.Load(); p != nil {
+		us.LastProbe = &probeRecord{Result: p.what, At: p.at}
+	}
 	if left > 0 {
 		us.CoolingSeconds = math.Round(left.Seconds()*1000) / 1000
 		us.CoolingReason = &reasonFailure
@@ -295,16 +322,21 @@ const (
 	verdictAvailable = "available"
 	verdictBusy      = "busy"
 	verdictCooling   = "cooling"
+	verdictAPI       = "api_not_served"
 )
 
 // explanation is the answer of GET /llm_route/explain.
 type explanation struct {
 	Model string `json:"model"`
+	// API is the front explained (?api=, default chat): an upstream that
+	// cannot serve it is passed over.
+	API string `json:"api"`
 	// Choice is the upstream a request would be sent to now (null: none is
 	// available, the request would queue or get a 503).
 	Choice *string `json:"choice"`
 	// Outcome says what happens to a request now: "upstream" (sent to
-	// choice), "queue" (waits for a slot), "busy" or "cooling" (a 503).
+	// choice), "queue" (waits for a slot), "busy", "cooling" or
+	// "api_not_served" (a 503).
 	Outcome string `json:"outcome"`
 	// Tokens echoes ?tokens=N (null if not given). No verdict uses it yet:
 	// "context" needs upstreams[].context_window (SPEC §15), which this
@@ -334,16 +366,22 @@ func findRoute(name string) *route {
 // explain walks the model's upstreams in order the way admission does
 // (claimFrom), without claiming: the first that is neither cooling nor full
 // is the choice.
-func explain(rt *route, tokens *int64, now time.Time) explanation {
-	ex := explanation{Model: rt.name, Tokens: tokens, QueueSize: rt.queueSize,
+func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
+	ex := explanation{Model: rt.name, API: a.String(), Tokens: tokens, QueueSize: rt.queueSize,
 		Upstreams: make([]upstreamVerdict, 0, len(rt.targets))}
 	ex.QueueDepth = queueDepths()[rt.name]
-	allCooling := true
+	allCooling, served := true, 0
 	for _, t := range rt.targets {
 		u := t.up
 		v := upstreamVerdict{ID: u.id}
+		if u.apis.canServe(a) {
+			served++
+		}
 		inflight, limit := u.state.inflight.Load(), u.state.limit.Load()
 		switch left := u.cooling(now); {
+		case !u.apis.canServe(a):
+			v.Verdict = verdictAPI
+			v.Detail = "does not serve " + a.String()
 		case left > 0:
 			st := stateStatus(u.state, u.backoff, now)
 			v.Verdict = verdictCooling
@@ -359,6 +397,9 @@ func explain(rt *route, tokens *int64, now time.Time) explanation {
 				id := u.id
 				ex.Choice = &id
 				v.Detail = "would take it, " + slots(inflight, limit)
+				if !u.apis.has(a) {
+					v.Detail += ", translated to chat"
+				}
 			} else {
 				v.Detail = "free " + slots(inflight, limit) + ", not reached"
 			}
@@ -369,6 +410,8 @@ func explain(rt *route, tokens *int64, now time.Time) explanation {
 	back, _ := soonestBack(rt, now)
 	queueRoom := rt.queueSize > ex.QueueDepth
 	switch {
+	case served == 0:
+		ex.Outcome = verdictAPI // the 503 no_upstream_for_api
 	case ex.Choice != nil:
 		ex.Outcome = "upstream"
 	case allCooling && (!queueRoom || rt.queueTimeout == 0 || back > rt.queueTimeout):

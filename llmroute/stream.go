@@ -71,6 +71,12 @@ type clientWriter struct {
 	tail       [4]byte
 
 	queued []byte // rewritten events waiting for the end of the read
+
+	// firstWrite is when the first body byte went to the client; usage
+	// collects the upstream's token counts when scanUsage (usage.go).
+	firstWrite time.Time
+	scanUsage  bool
+	usage      transform.UsageScanner
 }
 
 // init readies the writer for one response; flush says whether every
@@ -176,9 +182,15 @@ func (c *clientWriter) Write(p []byte) (int, error) {
 	defer c.mu.Unlock()
 	c.armDeadline(c.timeout, c.limit)
 	defer c.afterWrite()
+	if c.firstWrite.IsZero() && len(p) > 0 {
+		c.firstWrite = time.Now()
+	}
 	n, err := c.w.Write(p)
 	if err != nil {
 		return n, err
+	}
+	if c.scanUsage {
+		c.usage.Write(p)
 	}
 	if c.flush {
 		if err := c.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {

@@ -28,7 +28,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "llm-route",
-		Usage: "status | explain <model> [--tokens <n>] [--address <admin>] [--config <path> [--adapter <name>]]",
+		Usage: "status | explain <model> [--tokens <n>] [--api <api>] [--address <admin>] [--config <path> [--adapter <name>]]",
 		Short: "Shows the llm_route router's live state from the admin API",
 		Long: `
 Reads the llm_route admin API (GET /llm_route/status and /llm_route/explain)
@@ -74,10 +74,12 @@ non-zero when the admin API is off or cannot be reached.
 						return err
 					}
 					tokens, _ := c.Flags().GetInt64("tokens")
-					return Explain(c.OutOrStdout(), addr, args[0], tokens)
+					api, _ := c.Flags().GetString("api")
+					return Explain(c.OutOrStdout(), addr, args[0], tokens, api)
 				},
 			}
 			explain.Flags().Int64("tokens", -1, "Estimated request size in tokens (prompt plus max_tokens)")
+			explain.Flags().String("api", "", "The client's API: chat (default), messages, responses, embeddings, completions")
 			cmd.AddCommand(status, explain)
 		},
 	})
@@ -144,6 +146,7 @@ type probes struct {
 
 type explanation struct {
 	Model     string  `json:"model"`
+	API       string  `json:"api"`
 	Choice    *string `json:"choice"`
 	Outcome   string  `json:"outcome"`
 	Upstreams []struct {
@@ -220,12 +223,15 @@ func Status(out io.Writer, addr string) error {
 	return tw.Flush()
 }
 
-// Explain prints where a request for model would go now. tokens < 0 means
-// not given.
-func Explain(out io.Writer, addr, model string, tokens int64) error {
+// Explain prints where a request for model would go now. tokens < 0 and
+// api "" mean not given.
+func Explain(out io.Writer, addr, model string, tokens int64, api string) error {
 	q := url.Values{"model": {model}}
 	if tokens >= 0 {
 		q.Set("tokens", strconv.FormatInt(tokens, 10))
+	}
+	if api != "" {
+		q.Set("api", api)
 	}
 	var e explanation
 	if err := get(addr, "/llm_route/explain?"+q.Encode(), &e); err != nil {
@@ -251,6 +257,8 @@ func Explain(out io.Writer, addr, model string, tokens int64) error {
 		verdict = "a request for " + e.Model + " would wait in the queue for a slot"
 	case "cooling":
 		verdict = "a request for " + e.Model + " would get 503: every upstream is cooling"
+	case "api_not_served":
+		verdict = "a request for " + e.Model + " would get 503: no upstream serves " + e.API
 	default:
 		verdict = "a request for " + e.Model + " would get 503: every upstream is busy"
 	}
