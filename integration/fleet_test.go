@@ -384,3 +384,43 @@ func TestFleetCoolingSeenByTheOtherInstance(t *testing.T) {
 		t.Errorf("instance b tried the upstream that cools on instance a: %d calls, want 1", n)
 	}
 }
+
+// An in-process Caddy on the redis state, reloaded to memory and back:
+// each reload cleans the old fleet up (its listener, renewals, poll) without
+// hanging, and the status names the backend in use.
+func TestFleetReloadSwitchesBackend(t *testing.T) {
+	rs := startRedis(t)
+	up := newUpstream(t, nil)
+	conf := fleetConfig(up, rs.addr, 2)
+	p := startProxy(t, conf)
+	eventually(t, 10*time.Second, "redis state healthy", func() bool {
+		_, body := p.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":true}`)
+	})
+	if resp := p.chat(chatBody("m", false)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("on redis: %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	memory := fleetConfig(up, rs.addr, 2)
+	delete(memory, "state")
+	done := make(chan struct{})
+	go func() {
+		p.load(memory)
+		p.load(conf)
+		p.load(memory)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("reloading away from the redis state hangs")
+	}
+	if _, body := p.status(); !strings.Contains(body, `"state":{"backend":"memory","healthy":true}`) {
+		t.Errorf("status after the reload to memory: %s", body)
+	}
+	resp := p.chat(chatBody("m", false))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("on memory after reloads: %d %s", resp.StatusCode, body)
+	}
+}

@@ -46,6 +46,14 @@ var (
 	successScript = redis.NewScript(successLua)
 )
 
+// The client's own logger writes reconnect chatter to stderr, outside
+// Caddy's logs; the caller logs the transitions that matter.
+func init() { redis.SetLogger(quiet{}) }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
 // Options are the connection and lease settings.
 type Options struct {
 	Address  string
@@ -254,20 +262,15 @@ type Event struct {
 	Hold   time.Duration
 }
 
-// Listen delivers the wake channel's messages until ctx ends, resubscribing
-// after a connection loss.
+// Listen delivers the wake channel's messages until ctx ends. The client
+// resubscribes by itself after a connection loss (messages sent meanwhile
+// are lost: the caller polls as well).
 func (s *Store) Listen(ctx context.Context, deliver func(Event)) {
-	for ctx.Err() == nil {
-		sub := s.c.Subscribe(ctx, s.WakeChannel())
-		ch := sub.Channel(redis.WithChannelHealthCheckInterval(5 * time.Second))
-		for m := range ch {
-			deliver(parseEvent(m.Payload))
-		}
-		_ = sub.Close()
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
+	sub := s.c.Subscribe(ctx, s.WakeChannel())
+	stop := context.AfterFunc(ctx, func() { _ = sub.Close() }) // ends the range below
+	defer stop()
+	for m := range sub.Channel(redis.WithChannelHealthCheckInterval(5 * time.Second)) {
+		deliver(parseEvent(m.Payload))
 	}
 }
 
