@@ -424,3 +424,34 @@ func TestFleetReloadSwitchesBackend(t *testing.T) {
 		t.Fatalf("on memory after reloads: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestFaultSoakRedis is the fault soak on the redis state (shorter by
+// default: 10s, LLM_ROUTE_SOAK overrides), with the same invariants: no
+// upstream over its limit, no leaked slot or goroutine, every answer whole.
+func TestFaultSoakRedis(t *testing.T) {
+	rs := startRedis(t)
+	if os.Getenv("LLM_ROUTE_SOAK") == "" {
+		t.Setenv("LLM_ROUTE_SOAK", "10s")
+	}
+	soakState = obj("backend", "redis", "address", rs.addr, "prefix", "soak:", "lease_ttl", "3s")
+	defer func() { soakState = nil }()
+	TestFaultSoak(t)
+
+	// The soak really ran on Redis: claims and releases are script calls.
+	c := rs.client()
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			fmt.Sscanf(rest, "%d", &calls)
+		}
+	}
+	if calls < 100 {
+		t.Errorf("Redis saw %d script calls during the soak; the redis state was not in use", calls)
+	}
+	t.Logf("script calls during the soak: %d", calls)
+}

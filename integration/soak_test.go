@@ -409,8 +409,14 @@ func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string
 			obj("name", "soak-all", "upstreams", []string{"a1", "a2", "b1", "c1"}),
 		},
 		"request_timeout", pick("2s", "3s"), "heartbeat_interval", pick("100ms", "150ms"), "retry_after_max", "1s")
+	if soakState != nil {
+		conf["state"] = soakState
+	}
 	return conf, limits
 }
+
+// soakState is the handler's state block in the soak (nil: memory).
+var soakState map[string]any
 
 var soakModels = []string{"soak-fast", "soak-think", "soak-queue", "soak-all"}
 
