@@ -455,3 +455,42 @@ func TestFaultSoakRedis(t *testing.T) {
 	}
 	t.Logf("script calls during the soak: %d", calls)
 }
+
+// on_state_error reject: while Redis is away, requests get 503 (no local
+// admission), and the instance takes requests again once Redis answers.
+func TestFleetRejectWhileRedisIsDown(t *testing.T) {
+	rs := startRedis(t)
+	up := newUpstream(t, nil)
+	conf := fleetConfig(up, rs.addr, 2, "on_state_error", "reject")
+	conf["queue_size"] = 0
+	p := startProxy(t, conf)
+	healthy := func(want bool) {
+		t.Helper()
+		eventually(t, 15*time.Second, fmt.Sprintf("state healthy=%v", want), func() bool {
+			_, body := p.status()
+			return strings.Contains(body, fmt.Sprintf(`"state":{"backend":"redis","healthy":%v`, want))
+		})
+	}
+	healthy(true)
+	rs.stop()
+	// The first request may be the one that finds Redis gone; from then on
+	// every request is refused.
+	_ = readAll(t, p.chat(chatBody("m", false)))
+	healthy(false)
+	calls := len(up.Calls())
+	for i := 0; i < 3; i++ {
+		expectAPIError(t, p.chat(chatBody("m", false)), http.StatusServiceUnavailable, "all_upstreams_busy")
+	}
+	if n := len(up.Calls()); n != calls {
+		t.Errorf("the upstream got %d requests while Redis was down under reject", n-calls)
+	}
+	if _, body := p.status(); !strings.Contains(body, `"fallback":"reject"`) {
+		t.Errorf("status does not name the reject fallback: %s", body)
+	}
+	rs.start()
+	healthy(true)
+	resp := p.chat(chatBody("m", false))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after Redis came back: %d %s", resp.StatusCode, body)
+	}
+}
