@@ -146,8 +146,9 @@ func (f *fleet) failed(err error) {
 	}
 }
 
-// poll is the safety net of the pub/sub wake: a release whose message was
-// lost (a reconnect) still admits a waiter within a second.
+// poll is the safety net of the pub/sub messages: a release whose message
+// was lost (a late subscription, a reconnect) still admits a waiter within
+// a second, and a cooling another instance started is read within one.
 func (f *fleet) poll(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -156,7 +157,37 @@ func (f *fleet) poll(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			f.syncBackoffs(ctx)
 			sched.dispatch()
+		}
+	}
+}
+
+// syncBackoffs reads every pooled backoff scope from Redis and applies the
+// coolings running there (only ever growing the local ones).
+func (f *fleet) syncBackoffs(ctx context.Context) {
+	if !f.healthy.Load() {
+		return
+	}
+	var scopes []string
+	var states []*backoffState
+	backoffPool.Range(func(k, v any) bool {
+		scopes, states = append(scopes, k.(string)), append(states, v.(*backoffState))
+		return true
+	})
+	got, err := f.store.Backoffs(ctx, scopes)
+	if err != nil {
+		if ctx.Err() == nil {
+			f.failed(err)
+		}
+		return
+	}
+	now := time.Now()
+	for i, c := range got {
+		// Tolerance: the same cooling, read again, differs by the latency;
+		// it must not count as a new one (that would put probes off).
+		if c.Left > states[i].remaining(now)+250*time.Millisecond {
+			states[i].applyFleet(redisstate.Event{Kind: "cool", Left: c.Left, Streak: c.Streak, Hold: c.Hold}, now)
 		}
 	}
 }

@@ -283,12 +283,12 @@ func (b *backoffState) applyFleet(ev redisstate.Event, now time.Time) {
 		return
 	}
 	b.streak.Store(max(b.streak.Load(), ev.Streak))
-	b.lastFailure = now
 	if ev.Hold > 0 && now.Add(ev.Hold).After(b.hardUntil) {
 		b.hardUntil = now.Add(ev.Hold)
 	}
 	if until := now.Add(ev.Left).UnixNano(); until > b.until.Load() {
 		b.until.Store(until)
+		b.lastFailure = now // a new cooling: probes wait a full interval from here
 	}
 }
 

@@ -37,13 +37,16 @@ var (
 	coolLua string
 	//go:embed success.lua
 	successLua string
+	//go:embed backoffs.lua
+	backoffsLua string
 
-	claimScript   = redis.NewScript(claimLua)
-	releaseScript = redis.NewScript(releaseLua)
-	renewScript   = redis.NewScript(renewLua)
-	usedScript    = redis.NewScript(usedLua)
-	coolScript    = redis.NewScript(coolLua)
-	successScript = redis.NewScript(successLua)
+	claimScript    = redis.NewScript(claimLua)
+	releaseScript  = redis.NewScript(releaseLua)
+	renewScript    = redis.NewScript(renewLua)
+	usedScript     = redis.NewScript(usedLua)
+	coolScript     = redis.NewScript(coolLua)
+	successScript  = redis.NewScript(successLua)
+	backoffsScript = redis.NewScript(backoffsLua)
 )
 
 // The client's own logger writes reconnect chatter to stderr, outside
@@ -244,6 +247,32 @@ func (s *Store) Succeed(ctx context.Context, scope string) (time.Duration, error
 	defer cancel()
 	ms, err := successScript.Run(ctx, s.c, []string{s.prefix + "backoff:" + scope}, s.WakeChannel(), scope).Int64()
 	return time.Duration(ms) * time.Millisecond, err
+}
+
+// Backoffs reads the given backoff scopes.
+func (s *Store) Backoffs(ctx context.Context, scopes []string) ([]Cooling, error) {
+	if len(scopes) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := s.call(ctx)
+	defer cancel()
+	keys := make([]string, len(scopes))
+	for i, sc := range scopes {
+		keys[i] = s.prefix + "backoff:" + sc
+	}
+	vals, err := backoffsScript.Run(ctx, s.c, keys).Int64Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(vals) != 3*len(scopes) {
+		return nil, errors.New("redis: unexpected answer to the backoff script")
+	}
+	out := make([]Cooling, len(scopes))
+	for i := range out {
+		out[i] = Cooling{Left: time.Duration(vals[3*i]) * time.Millisecond, Streak: vals[3*i+1],
+			Hold: time.Duration(vals[3*i+2]) * time.Millisecond}
+	}
+	return out, nil
 }
 
 // Ping checks that Redis answers.
