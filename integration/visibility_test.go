@@ -3,6 +3,7 @@ package integration
 import (
 	"net/http"
 	"testing"
+	"time"
 )
 
 // usageUpstream answers with usage: a body's usage object, or a stream's
@@ -37,6 +38,11 @@ func TestUsageAndLatencyMetrics(t *testing.T) {
 			t.Fatalf("stream=%v: status %d", stream, resp.StatusCode)
 		}
 	}
+	// An attempt records its metrics just after the client read its last
+	// byte: wait for both.
+	eventually(t, 5*time.Second, "both requests recorded", func() bool {
+		return p.metric("llm_proxy_request_duration_seconds_count", "model", "m", "upstream", "u1", "provider", "p1", "result", "ok") == 2
+	})
 	for typ, want := range map[string]float64{"input": 22, "output": 14, "cached_input": 10, "reasoning": 4} {
 		if got := p.metric("llm_proxy_tokens_total", "model", "m", "upstream", "u1", "provider", "p1", "type", typ); got != want {
 			t.Errorf("tokens %s = %v, want %v", typ, got, want)

@@ -2,10 +2,13 @@ package transform
 
 import (
 	"bytes"
-	"encoding/json"
+	"strings"
 )
 
-// Usage is the token accounting an upstream reports. The chat shape
+// Usage is the token accounting an upstream reports. Input counts every
+// prompt token, those read from a cache included (CachedInput of them):
+// Anthropic's input_tokens leaves the cached ones out, so they are added
+// back. The chat shape
 // (prompt_tokens, completion_tokens, their details), Anthropic's
 // (input_tokens, output_tokens, cache_read_input_tokens; message_start and
 // message_delta) and Responses' (input_tokens, output_tokens, their details)
@@ -28,7 +31,10 @@ type UsageScanner struct {
 	pending []byte // the start of a usage object cut by the end of a piece
 }
 
-var usageKey = []byte(`"usage"`)
+var (
+	usageKey  = []byte(`"usage"`)
+	usageTail = usageKey[1:]
+)
 
 // Reset readies the scanner for another body.
 func (s *UsageScanner) Reset() {
@@ -56,11 +62,18 @@ func (s *UsageScanner) Write(p []byte) {
 }
 
 // scan reads every usage object in p; one cut at the end is kept pending.
+// It looks for `usage"` rather than `"usage"`: a quote is the most common
+// byte of JSON, so an Index led by it stops at every string, while 'u' is
+// rare enough for the SIMD byte search to carry the scan.
 func (s *UsageScanner) scan(p []byte) {
 	for {
-		k := bytes.Index(p, usageKey)
+		k := bytes.Index(p, usageTail)
 		if k < 0 {
-			// The key itself may be cut: keep a tail that starts it.
+			// The key itself may be cut: keep a tail that starts it. (An
+			// SSE event ends in a newline, so this loop rarely runs.)
+			if len(p) == 0 || bytes.IndexByte(usageKey[:len(usageKey)-1], p[len(p)-1]) < 0 {
+				return
+			}
 			for n := len(usageKey) - 1; n > 0; n-- {
 				if bytes.HasSuffix(p, usageKey[:n]) {
 					s.keep(p[len(p)-n:])
@@ -69,8 +82,9 @@ func (s *UsageScanner) scan(p []byte) {
 			}
 			return
 		}
-		if k > 0 && p[k-1] == '\\' {
-			// `\"usage\"` inside a JSON string: text, not a key.
+		k-- // the opening quote
+		if k < 0 || p[k] != '"' || (k > 0 && p[k-1] == '\\') {
+			// Not a key, or `\"usage\"` inside a JSON string: text.
 			p = p[k+len(usageKey):]
 			continue
 		}
@@ -139,35 +153,193 @@ func objectEnd(b []byte) int {
 	return -1
 }
 
-// usageJSON is every shape's fields at once.
-type usageJSON struct {
-	PromptTokens        int64 `json:"prompt_tokens"`
-	CompletionTokens    int64 `json:"completion_tokens"`
-	InputTokens         int64 `json:"input_tokens"`
-	OutputTokens        int64 `json:"output_tokens"`
-	CacheReadInput      int64 `json:"cache_read_input_tokens"`
-	PromptTokensDetails struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	CompletionTokensDetails struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	} `json:"completion_tokens_details"`
-	InputTokensDetails struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"input_tokens_details"`
-	OutputTokensDetails struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	} `json:"output_tokens_details"`
+// rawUsage is every count of every shape, as one usage object carries
+// them (the last of a repeated member wins, as in encoding/json).
+type rawUsage struct {
+	prompt, completion, input, output, cacheRead int64
+	cacheCreation                                int64
+	// anthropic: the object has Anthropic's cache members, whose
+	// input_tokens leaves out the cached prompt.
+	anthropic                            bool
+	promptCached, inputCached            int64 // *_tokens_details.cached_tokens
+	completionReasoning, outputReasoning int64 // *_tokens_details.reasoning_tokens
 }
 
+// read takes the counts from one usage object. Nothing else of the object
+// is decoded, and nothing is allocated.
 func (s *UsageScanner) read(obj []byte) {
-	var u usageJSON
-	if json.Unmarshal(obj, &u) != nil {
+	var u rawUsage
+	if !readUsageObject(obj, &u, "") {
 		return
 	}
 	s.Seen = true
-	s.Input = max(s.Input, u.PromptTokens, u.InputTokens)
-	s.Output = max(s.Output, u.CompletionTokens, u.OutputTokens)
-	s.CachedInput = max(s.CachedInput, u.PromptTokensDetails.CachedTokens, u.InputTokensDetails.CachedTokens, u.CacheReadInput)
-	s.Reasoning = max(s.Reasoning, u.CompletionTokensDetails.ReasoningTokens, u.OutputTokensDetails.ReasoningTokens)
+	if u.anthropic {
+		// Input counts every prompt token, as chat and Responses do.
+		u.input += u.cacheRead + u.cacheCreation
+	}
+	s.Input = max(s.Input, u.prompt, u.input)
+	s.Output = max(s.Output, u.completion, u.output)
+	s.CachedInput = max(s.CachedInput, u.promptCached, u.inputCached, u.cacheRead)
+	s.Reasoning = max(s.Reasoning, u.completionReasoning, u.outputReasoning)
+}
+
+// readUsageObject walks the members of obj ('{' … '}'); parent names the
+// details object obj is ("" at the top). It reports whether obj is well
+// formed as far as it reads it.
+func readUsageObject(obj []byte, u *rawUsage, parent string) bool {
+	i := skipSpace(obj, 1)
+	for i < len(obj) && obj[i] != '}' {
+		if obj[i] != '"' {
+			return false
+		}
+		end := bytes.IndexByte(obj[i+1:], '"')
+		if end < 0 {
+			return false
+		}
+		key := obj[i+1 : i+1+end]
+		i = skipSpace(obj, i+end+2)
+		if i >= len(obj) || obj[i] != ':' {
+			return false
+		}
+		i = skipSpace(obj, i+1)
+		if i >= len(obj) {
+			return false
+		}
+		switch c := obj[i]; {
+		case c >= '0' && c <= '9':
+			n, j := int64(0), i
+			for j < len(obj) && obj[j] >= '0' && obj[j] <= '9' && n < 1<<58 {
+				n = n*10 + int64(obj[j]-'0')
+				j++
+			}
+			k := j
+			for k < len(obj) && strings.IndexByte("0123456789.eE+-", obj[k]) >= 0 {
+				k++
+			}
+			if k == j { // an integer: a count, if the member is one
+				if dst := usageField(u, parent, string(key)); dst != nil {
+					*dst = n
+				}
+			}
+			i = k
+		case c == '{':
+			end := objectEnd(obj[i:])
+			if end < 0 {
+				return false
+			}
+			if parent == "" {
+				if k := detailsName(key); k != "" && !readUsageObject(obj[i:i+end], u, k) {
+					return false
+				}
+			}
+			i += end
+		default:
+			// A string, null, bool, array or negative number: skip it.
+			j := skipUsageValue(obj, i)
+			if j < 0 {
+				return false
+			}
+			i = j
+		}
+		i = skipSpace(obj, i)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+	return i < len(obj)
+}
+
+// detailsName returns the details object a member name is, as a constant
+// ("" for any other member), so that nothing of key is retained.
+func detailsName(key []byte) string {
+	for _, k := range [...]string{"prompt_tokens_details", "input_tokens_details", "completion_tokens_details", "output_tokens_details"} {
+		if string(key) == k {
+			return k
+		}
+	}
+	return ""
+}
+
+// usageField maps a member of the object parent names onto the count it
+// carries, nil for any other member.
+func usageField(u *rawUsage, parent, key string) *int64 {
+	switch parent {
+	case "":
+		switch key {
+		case "prompt_tokens":
+			return &u.prompt
+		case "completion_tokens":
+			return &u.completion
+		case "input_tokens":
+			return &u.input
+		case "output_tokens":
+			return &u.output
+		case "cache_read_input_tokens":
+			u.anthropic = true
+			return &u.cacheRead
+		case "cache_creation_input_tokens":
+			u.anthropic = true
+			return &u.cacheCreation
+		}
+	case "prompt_tokens_details", "input_tokens_details":
+		if key == "cached_tokens" {
+			if parent[0] == 'p' {
+				return &u.promptCached
+			}
+			return &u.inputCached
+		}
+	case "completion_tokens_details", "output_tokens_details":
+		if key == "reasoning_tokens" {
+			if parent[0] == 'c' {
+				return &u.completionReasoning
+			}
+			return &u.outputReasoning
+		}
+	}
+	return nil
+}
+
+// skipUsageValue returns the index just past the scalar or array at b[i], or -1
+// when b ends first.
+func skipUsageValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		for j := i + 1; j < len(b); j++ {
+			switch b[j] {
+			case '\\':
+				j++
+			case '"':
+				return j + 1
+			}
+		}
+		return -1
+	case '[':
+		depth, inStr := 0, false
+		for j := i; j < len(b); j++ {
+			c := b[j]
+			switch {
+			case inStr:
+				if c == '\\' {
+					j++
+				} else if c == '"' {
+					inStr = false
+				}
+			case c == '"':
+				inStr = true
+			case c == '[' || c == '{':
+				depth++
+			case c == ']' || c == '}':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ' ' && b[j] != '\n' {
+		j++
+	}
+	return j
 }

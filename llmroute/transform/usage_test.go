@@ -1,6 +1,10 @@
 package transform
 
-import "testing"
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
 
 func TestUsageScanner(t *testing.T) {
 	cases := []struct {
@@ -13,7 +17,7 @@ func TestUsageScanner(t *testing.T) {
 		{"chat stream split", []string{"data: {\"choices\":[],\"usage\":null}\n\ndata: {\"choices\":[],\"usa", "ge\":{\"prompt_tokens\":7,", "\"completion_tokens\":9}}\n\ndata: [DONE]\n\n"},
 			Usage{Input: 7, Output: 9, Seen: true}},
 		{"anthropic", []string{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20,\"cache_read_input_tokens\":4,\"output_tokens\":1}}}\n\n", "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n"},
-			Usage{Input: 20, Output: 15, CachedInput: 4, Seen: true}},
+			Usage{Input: 24, Output: 15, CachedInput: 4, Seen: true}},
 		{"responses", []string{"data: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":8,\"output_tokens\":6,\"input_tokens_details\":{\"cached_tokens\":1},\"output_tokens_details\":{\"reasoning_tokens\":4}}}}\n\n"},
 			Usage{Input: 8, Output: 6, CachedInput: 1, Reasoning: 4, Seen: true}},
 		{"text mentioning usage", []string{`{"choices":[{"message":{"content":"the \"usage\": {\"prompt_tokens\":99}"}}]}`}, Usage{}},
@@ -27,4 +31,129 @@ func TestUsageScanner(t *testing.T) {
 			t.Errorf("%s: got %+v, want %+v", c.name, s.Usage, c.want)
 		}
 	}
+}
+
+// benchStream is a 24-chunk chat stream with a final usage chunk, written
+// one event per Write as the proxy's copy loop does.
+func benchStream() [][]byte {
+	var evs [][]byte
+	for i := range 24 {
+		evs = append(evs, []byte(`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[{"index":0,"delta":{"content":"token `+string(rune('a'+i))+` of the answer "},"finish_reason":null}]}`+"\n\n"))
+	}
+	evs = append(evs, []byte(`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[],"usage":{"prompt_tokens":312,"completion_tokens":86,"total_tokens":398,"prompt_tokens_details":{"cached_tokens":256}}}`+"\n\n"),
+		[]byte("data: [DONE]\n\n"))
+	return evs
+}
+
+// BenchmarkUsageScanStream is the whole cost usage counting adds to one
+// such stream (compare with the CPU per request of the load benchmark's
+// stream scenarios).
+func BenchmarkUsageScanStream(b *testing.B) {
+	evs := benchStream()
+	n := 0
+	for _, e := range evs {
+		n += len(e)
+	}
+	b.SetBytes(int64(n))
+	b.ReportAllocs()
+	var s UsageScanner
+	for b.Loop() {
+		s.Reset()
+		for _, e := range evs {
+			s.Write(e)
+		}
+	}
+	if s.Output != 86 || s.CachedInput != 256 {
+		b.Fatalf("usage %+v", s.Usage)
+	}
+}
+
+// usageReference is the encoding/json reading the hand scanner replaced:
+// the fuzz target checks they agree on every object json accepts.
+func usageReference(obj []byte) (Usage, bool) {
+	type cached struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	}
+	type reasoning struct {
+		ReasoningTokens int64 `json:"reasoning_tokens"`
+	}
+	var u struct {
+		PromptTokens            int64     `json:"prompt_tokens"`
+		CompletionTokens        int64     `json:"completion_tokens"`
+		InputTokens             int64     `json:"input_tokens"`
+		OutputTokens            int64     `json:"output_tokens"`
+		CacheReadInputTokens    *int64    `json:"cache_read_input_tokens"`
+		CacheCreationTokens     *int64    `json:"cache_creation_input_tokens"`
+		PromptTokensDetails     cached    `json:"prompt_tokens_details"`
+		InputTokensDetails      cached    `json:"input_tokens_details"`
+		CompletionTokensDetails reasoning `json:"completion_tokens_details"`
+		OutputTokensDetails     reasoning `json:"output_tokens_details"`
+	}
+	d := json.NewDecoder(bytes.NewReader(obj))
+	if d.Decode(&u) != nil {
+		return Usage{}, false
+	}
+	var cacheRead int64
+	if u.CacheReadInputTokens != nil || u.CacheCreationTokens != nil {
+		// Anthropic's input_tokens leaves the cached prompt out.
+		cacheRead = deref(u.CacheReadInputTokens)
+		u.InputTokens += cacheRead + deref(u.CacheCreationTokens)
+	}
+	return Usage{
+		Input:       max(u.PromptTokens, u.InputTokens),
+		Output:      max(u.CompletionTokens, u.OutputTokens),
+		CachedInput: max(u.PromptTokensDetails.CachedTokens, u.InputTokensDetails.CachedTokens, cacheRead),
+		Reasoning:   max(u.CompletionTokensDetails.ReasoningTokens, u.OutputTokensDetails.ReasoningTokens),
+		Seen:        true,
+	}, true
+}
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+func TestUsageObjectShapes(t *testing.T) {
+	for _, obj := range []string{
+		`{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}`,
+		`{ "prompt_tokens" : 12 , "prompt_tokens_details" : { "cached_tokens" : 3 , "audio_tokens" : 0 } , "completion_tokens" : 5 }`,
+		`{"input_tokens":20,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":1,"service_tier":"standard","server_tool_use":{"web_search_requests":0}}`,
+		`{"input_tokens":8,"input_tokens_details":{"cached_tokens":1},"output_tokens":6,"output_tokens_details":{"reasoning_tokens":4},"total_tokens":14}`,
+		`{"note":"a } and a { in a string","arr":[1,{"prompt_tokens":99}],"prompt_tokens":7,"flag":true,"none":null,"neg":-3,"f":1.5e3}`,
+	} {
+		want, _ := usageReference([]byte(obj))
+		var s UsageScanner
+		s.Write([]byte(`{"usage":` + obj + `}`))
+		if s.Usage != want {
+			t.Errorf("%s: got %+v, want %+v", obj, s.Usage, want)
+		}
+	}
+}
+
+func FuzzUsageObject(f *testing.F) {
+	for _, seed := range []string{
+		`{"prompt_tokens":12,"completion_tokens_details":{"reasoning_tokens":2}}`,
+		`{"input_tokens":1,"x":[{"y":"}"}],"output_tokens":2}`,
+		`{"cache_read_input_tokens":4, "s":"\"usage\""}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		// encoding/json also matches keys case-insensitively and through
+		// escapes, which no upstream relies on: leave those out.
+		if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) || bytes.ContainsAny(obj, "\\ABCDEFGHIJKLMNOPQRSTUVWXYZ") {
+			return
+		}
+		want, ok := usageReference(obj)
+		if !ok {
+			return // a count json cannot hold in an int64
+		}
+		var s UsageScanner
+		s.read(obj)
+		if got := s.Usage; got != want {
+			t.Fatalf("%s: got %+v, want %+v", obj, got, want)
+		}
+	})
 }
