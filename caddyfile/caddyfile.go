@@ -37,11 +37,23 @@ func init() {
 //	    client_write_timeout <duration>
 //	    route_headers       [true|false]
 //	    long_context_threshold <int>
+//	    state memory|redis {
+//	        address        <host:port>
+//	        username       <name or placeholder>
+//	        password       <password or placeholder>
+//	        db             <int>
+//	        prefix         <key prefix>
+//	        tls            [true|false]
+//	        timeout        <duration>
+//	        lease_ttl      <duration>
+//	        on_state_error local|reject
+//	    }
 //
 //	    provider <id> {
 //	        url                 <base url>
 //	        key                 <key or placeholder>
 //	        max_concurrency     <int>
+//	        capacity            <int>
 //	        session_header      <header name>
 //	        apis                chat|messages|responses|embeddings|completions [...]
 //	        auth                bearer|x-api-key|api-key
@@ -233,6 +245,11 @@ func (p *parser) handler() error {
 			err = p.model()
 		case "key":
 			err = p.key()
+		case "state":
+			if err = seen.once(d, "", name); err != nil {
+				return err
+			}
+			err = p.state()
 		case "request_timeout", "queue_timeout", "retry_after_max", "heartbeat_interval",
 			"client_write_timeout", "max_request_body", "queue_size", "cors", "max_rewrite_size", "route_headers":
 			if err = seen.once(d, "", name); err != nil {
@@ -323,6 +340,8 @@ func (p *parser) provider() error {
 			prov.Key, err = p.str(where, name)
 		case "max_concurrency":
 			prov.MaxConcurrency, err = p.count(where, name)
+		case "capacity":
+			prov.Capacity, err = p.count(where, name)
 		case "session_header":
 			prov.SessionHeader, err = p.str(where, name)
 		case "think_tags":

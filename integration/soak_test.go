@@ -415,8 +415,14 @@ func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string
 		},
 		"request_timeout", pick("2s", "3s"), "heartbeat_interval", pick("100ms", "150ms"), "retry_after_max", "1s",
 		"keys", []any{obj("id", "soak-client", "secret", "{env.LLM_ROUTE_SOAK_CLIENT}", "tokens_per_day", 1_000_000_000_000)})
+	if soakState != nil {
+		conf["state"] = soakState
+	}
 	return conf, limits
 }
+
+// soakState is the handler's state block in the soak (nil: memory).
+var soakState map[string]any
 
 var soakModels = []string{"soak-fast", "soak-think", "soak-queue", "soak-all"}
 

@@ -274,7 +274,7 @@ func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
 func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival time.Time) {
 	u := t.up
 	t.long.release() // before the slot: its release wakes the queue
-	n := u.state.release()
+	n := u.release()
 	now := time.Now()
 	if res.out == outFailover && !res.noBlame || res.fault {
 		u.recordFailure(now, h.logger)

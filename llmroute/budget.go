@@ -129,7 +129,8 @@ func (h *Handler) reserveAttempt(kr *keyReq, rt *route, idx int) (int, *apiError
 		if c := h.logger.Check(zapcore.DebugLevel, "budget has no room on upstream"); c != nil {
 			c.Write(zap.String("key", kr.k.id), zap.String("upstream", u.id), zap.Stringer("limit", limit))
 		}
-		u.state.release()
+		rt.targets[idx].long.release()
+		u.release()
 		next, ok := h.claimNext(rt, idx+1)
 		if !ok {
 			kr.hold = keys.Hold{}

@@ -35,6 +35,13 @@ type Provider struct {
 	// the upstream sets its own.
 	MaxConcurrency int `json:"max_concurrency,omitempty"`
 
+	// Capacity bounds the in-flight requests over all of this provider's
+	// upstreams and models together (SPEC §15), on top of each upstream's
+	// own limit: two models on one local GPU share it. A request claims its
+	// upstream slot and a unit of capacity together; none free means the
+	// next upstream or the queue. 0 or absent means no bound.
+	Capacity int `json:"capacity,omitempty"`
+
 	// Patch is a JSON object deep-merged into every request body sent through
 	// this provider (first of the three patch layers).
 	Patch json.RawMessage `json:"patch,omitempty"`
@@ -384,6 +391,9 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		providerIDs[p.ID] = true
 		if err := checkBaseURL(p.URL); err != nil {
 			bad("%s: url: %v", where, err)
+		}
+		if p.Capacity < 0 {
+			bad("%s: capacity must not be negative (0 = none)", where)
 		}
 		if p.MaxConcurrency < 0 {
 			bad("%s: max_concurrency must not be negative (0 = unlimited)", where)

@@ -27,6 +27,12 @@
 //   - stream.go    the response body: passthrough or think-tag rewrite,
 //     idle watchdog, heartbeats, the final SSE error event
 //   - state.go     what outlives a reload (UsagePool): slots and backoff
+//   - capacity.go  provider capacity (pooled by provider id) and the one
+//     claim/release pair every slot goes through
+//   - fleet.go, stateconfig.go  the `state` block: memory (the pools above)
+//     or redis in front of them, with local fallback
+//   - redisstate/  the Redis side, one Lua script per operation (no Caddy,
+//     no llmroute import; the request path sees it only through fleet.go)
 //   - queue.go     the process-wide FIFO scheduler of waiting requests
 //   - prober.go    background probes of cooling upstreams
 //   - metrics.go   collectors registered per config; gauges read from state
@@ -45,7 +51,7 @@
 //     backend implements the same interface
 //
 // Arrows that never exist: llmroute never imports the caddyfile package;
-// packages transform and wire/* import nothing of Caddy or of this package; state.go
+// packages transform, wire/* and redisstate import nothing of Caddy or of this package; state.go
 // holds data and atomics that handlers, the queue and the prober act on (its
 // one outward call wakes the queue when a slot frees).
 package llmroute

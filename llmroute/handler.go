@@ -110,6 +110,11 @@ type Handler struct {
 	// whose provider has none free is passed over (next upstream, or the
 	// queue). Default 0: no request is long-context.
 	LongContextThreshold int `json:"long_context_threshold,omitempty"`
+	// State is where slot, capacity and backoff accounting lives (SPEC
+	// §17): `{"backend":"memory"}` (the default: this process only) or
+	// `{"backend":"redis",…}`, shared by every instance using the same
+	// Redis and prefix.
+	State *StateConfig `json:"state,omitempty"`
 
 	ctx       caddy.Context
 	logger    *zap.Logger
@@ -152,6 +157,8 @@ type Handler struct {
 
 	stopProber chan struct{}
 	proberDone chan struct{}
+
+	fleet *fleet // the redis state, nil for memory
 }
 
 // CaddyModule returns the Caddy module information.

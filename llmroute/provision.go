@@ -77,6 +77,9 @@ type upstream struct {
 	backoff *backoffState // nil when backoff is off
 	price   prices        // for client keys' budgets (budget.go)
 
+	prov     *providerState // the provider's shared capacity accounting
+	capacity int64          // the provider's capacity, unlimited when none
+
 	basePatch *transform.Patch // provider patch then upstream patch
 	probeBody []byte           // SPEC §3 probe, patches applied
 	probeEP   endpoint         // where the probe goes: chat, else an API the upstream serves
@@ -152,6 +155,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		providers[h.Providers[i].ID] = &h.Providers[i]
 	}
 	repl := caddy.NewReplacer()
+	if err := h.provisionState(repl); err != nil {
+		return err
+	}
 	h.transport = newTransport()
 	conns := make(map[string]*providerConn, len(h.Providers))
 	providerPatches := make(map[string]*transform.Patch, len(h.Providers))
@@ -169,6 +175,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	h.upstreams = make(map[string]*upstream, len(h.Upstreams))
 	backoffs := make(map[string]*backoffState)
+	provStates := make(map[string]*providerState, len(h.Providers))
+	provFresh := make(map[string]bool, len(h.Providers))
 	for _, uc := range h.Upstreams {
 		p := providers[uc.Provider]
 		u, err := h.compileUpstream(uc, p, conns[p.ID], providerPatches[p.ID])
@@ -177,6 +185,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		var fresh bool
 		u.state, fresh = h.refs.adoptUpstream(u.id)
+		u.capacity = unlimited
+		if p.Capacity > 0 {
+			u.capacity = int64(p.Capacity)
+		}
+		if _, ok := provStates[p.ID]; !ok {
+			provStates[p.ID], provFresh[p.ID] = h.refs.adoptProvider(p.ID)
+		}
+		u.prov = provStates[p.ID]
+		if provFresh[p.ID] {
+			u.prov.capacity.Store(u.capacity) // nobody else uses it yet
+		}
 		if u.backoffScope != "" {
 			scopeID := u.id
 			if u.backoffScope == "provider" {
@@ -515,6 +534,10 @@ func (h *Handler) Cleanup() error {
 	h.refs.release()
 	h.releaseKeys()
 	h.releaseLong()
+	if h.fleet != nil {
+		activeFleet.CompareAndSwap(h.fleet, nil)
+		h.fleet.close()
+	}
 	leaveGeneration(h)
 	return nil
 }
@@ -585,6 +608,7 @@ func (h *Handler) attemptContext(parent context.Context) (context.Context, conte
 // state: slot limit, metric label, backoff scope and cap.
 func (u *upstream) applyShared() {
 	u.state.limit.Store(u.limit)
+	u.prov.capacity.Store(u.capacity)
 	u.state.provider.Store(&u.provider)
 	u.state.backoff.Store(u.backoff)
 	if u.long != nil {
@@ -606,6 +630,7 @@ func (h *Handler) applySharedWhenStarted() {
 			u.applyShared()
 		}
 		registerHandler(h) // the admin API reports running configs only
+		h.startState()
 		sched.dispatch()
 	}
 	if h.events == nil {

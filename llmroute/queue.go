@@ -107,8 +107,9 @@ func claimFirst(rt *route, now time.Time) (int, bool) {
 }
 
 // claimFrom claims a slot on the first target at or after from that is not
-// cooling and has room. With a logger it logs skipped and accepted
-// upstreams (the scheduler passes none: it runs under its lock).
+// cooling and has room (its provider's capacity included). With a logger it
+// logs skipped and accepted upstreams; the scheduler passes none, and no
+// logger is also how a claim knows it runs under the scheduler's lock.
 func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) {
 	for i := from; i < len(rt.targets); i++ {
 		u := rt.targets[i].up
@@ -129,7 +130,7 @@ func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) 
 			}
 			continue
 		}
-		if n, ok := u.state.tryClaim(); ok {
+		if n, ok := u.tryClaim(log == nil); ok {
 			if log != nil {
 				if c := log.Check(zapcore.DebugLevel, "request accepted"); c != nil {
 					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
@@ -139,6 +140,12 @@ func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) 
 			return i, true
 		}
 		long.release()
+		if log != nil && u.providerFull() {
+			if c := log.Check(zapcore.DebugLevel, "provider at capacity, skipped"); c != nil {
+				c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
+					zap.Int64("capacity", u.capacity))
+			}
+		}
 	}
 	return -1, false
 }
@@ -274,7 +281,7 @@ func (h *Handler) leave(w *waiter, start time.Time, result string) {
 	select {
 	case idx := <-w.ready:
 		w.rt.targets[idx].long.release()
-		w.rt.targets[idx].up.state.release()
+		w.rt.targets[idx].up.release()
 	default:
 	}
 	h.observeWait(w.rt, result, time.Since(start))

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/redisstate"
 )
 
 // State that outlives a config reload lives in these pools, keyed by stable
@@ -123,6 +125,7 @@ var draining sync.Map
 // the mutex.
 type backoffState struct {
 	until atomic.Int64 // unix nanos: cooling until then
+	scope string       // its key in backoffPool, the scope's name in Redis
 
 	mu sync.Mutex
 	// cap bounds the doubling; updated in place by each provision.
@@ -157,6 +160,9 @@ func (b *backoffState) recordFailure(now time.Time) time.Duration {
 	if until := now.Add(d).UnixNano(); until > b.until.Load() {
 		b.until.Store(until)
 	}
+	if f := activeFleet.Load(); f != nil {
+		f.shareBackoff(b.scope, b.cap, 0)
+	}
 	return d
 }
 
@@ -172,6 +178,9 @@ func (b *backoffState) holdFor(now time.Time, d time.Duration) {
 	if until := now.Add(d).UnixNano(); until > b.until.Load() {
 		b.until.Store(until)
 	}
+	if f := activeFleet.Load(); f != nil {
+		f.shareBackoff(b.scope, b.cap, d)
+	}
 }
 
 // recordSuccess resets the counter and ends any cooling that a probe or a
@@ -182,6 +191,9 @@ func (b *backoffState) recordSuccess(now time.Time) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if f := activeFleet.Load(); f != nil {
+		f.shareSuccess(b.scope)
+	}
 	b.streak.Store(0)
 	if now.Before(b.hardUntil) {
 		b.until.Store(b.hardUntil.UnixNano())
@@ -220,6 +232,7 @@ func backoffKey(scope, id string) string { return scope + "/" + id }
 type poolRefs struct {
 	upstreams []string
 	backoffs  []string
+	providers []string
 }
 
 func (p *poolRefs) release() {
@@ -229,7 +242,10 @@ func (p *poolRefs) release() {
 	for _, k := range p.backoffs {
 		_, _ = backoffPool.Delete(k)
 	}
-	p.upstreams, p.backoffs = nil, nil
+	for _, k := range p.providers {
+		_, _ = providerPool.Delete(k)
+	}
+	p.upstreams, p.backoffs, p.providers = nil, nil, nil
 }
 
 // adoptUpstream returns the shared state for id, creating it if needed, and
@@ -247,7 +263,45 @@ func (p *poolRefs) adoptUpstream(id string) (st *upstreamState, fresh bool) {
 
 // adoptBackoff returns the shared backoff state for key.
 func (p *poolRefs) adoptBackoff(key string) *backoffState {
-	v, _ := backoffPool.LoadOrStore(key, &backoffState{})
+	v, _ := backoffPool.LoadOrStore(key, &backoffState{scope: key})
 	p.backoffs = append(p.backoffs, key)
 	return v.(*backoffState)
+}
+
+// applyFleet applies a change another instance made to this scope (or this
+// instance's own, echoed): cooling only ever grows, as it would locally.
+func (b *backoffState) applyFleet(ev redisstate.Event, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ev.Kind == "ok" {
+		b.streak.Store(0)
+		b.until.Store(0)
+		if ev.Hold > 0 {
+			b.hardUntil = now.Add(ev.Hold)
+			b.until.Store(b.hardUntil.UnixNano())
+		}
+		return
+	}
+	b.streak.Store(max(b.streak.Load(), ev.Streak))
+	if ev.Hold > 0 && now.Add(ev.Hold).After(b.hardUntil) {
+		b.hardUntil = now.Add(ev.Hold)
+	}
+	if until := now.Add(ev.Left).UnixNano(); until > b.until.Load() {
+		b.until.Store(until)
+		b.lastFailure = now // a new cooling: probes wait a full interval from here
+	}
+}
+
+// findBackoff returns the pooled backoff scope named scope, if any config
+// uses it.
+func findBackoff(scope string) *backoffState {
+	var found *backoffState
+	backoffPool.Range(func(k, v any) bool {
+		if k == scope {
+			found = v.(*backoffState)
+			return false
+		}
+		return true
+	})
+	return found
 }

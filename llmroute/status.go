@@ -32,6 +32,8 @@ type statusSnapshot struct {
 	// Now is the server's clock at the snapshot, so a page can count cooling
 	// down without trusting the browser's clock.
 	Now time.Time `json:"now"`
+	// State is the state backend in use and its health (SPEC §17).
+	State fleetStatus `json:"state"`
 }
 
 type upstreamStatus struct {
@@ -62,6 +64,9 @@ type upstreamStatus struct {
 	// Draining marks an upstream a reload removed that still has requests
 	// in flight; it leaves the list when they end.
 	Draining bool `json:"draining"`
+	// FleetInflight is the in-flight count over every instance sharing the
+	// redis state (absent with memory, or while Redis does not answer).
+	FleetInflight *int64 `json:"fleet_inflight,omitempty"`
 }
 
 type probeRecord struct {
@@ -79,6 +84,8 @@ type providerStatus struct {
 	Inflight  int64    `json:"inflight"` // sum over its upstreams
 	Capacity  *int64   `json:"capacity"` // null = no provider-wide bound
 	Upstreams []string `json:"upstreams"`
+	// FleetInflight: as for upstreams.
+	FleetInflight *int64 `json:"fleet_inflight,omitempty"`
 }
 
 type modelStatus struct {
@@ -138,7 +145,11 @@ func snapshot(now time.Time) statusSnapshot {
 				continue
 			}
 			seenProv[p.ID] = len(snap.Providers)
-			snap.Providers = append(snap.Providers, providerStatus{ID: p.ID, Upstreams: []string{}})
+			ps := providerStatus{ID: p.ID, Upstreams: []string{}}
+			if p.Capacity > 0 {
+				ps.Capacity = new(int64(p.Capacity))
+			}
+			snap.Providers = append(snap.Providers, ps)
 		}
 		for _, name := range h.modelList {
 			if seenModel[name] {
@@ -187,7 +198,34 @@ func snapshot(now time.Time) statusSnapshot {
 		snap.Providers[i].Inflight += us.Inflight
 		snap.Providers[i].Upstreams = append(snap.Providers[i].Upstreams, us.ID)
 	}
+	snap.State = currentFleetStatus()
+	addFleetUse(&snap)
 	return snap
+}
+
+// addFleetUse fills in the fleet-wide in-flight counts from the redis state.
+func addFleetUse(snap *statusSnapshot) {
+	if snap.State.Backend != "redis" || !snap.State.Healthy {
+		return
+	}
+	ids := make([]string, len(snap.Upstreams))
+	for i, u := range snap.Upstreams {
+		ids[i] = u.ID
+	}
+	pids := make([]string, len(snap.Providers))
+	for i, p := range snap.Providers {
+		pids[i] = p.ID
+	}
+	ups, provs := fleetUse(ids, pids)
+	if ups == nil {
+		return
+	}
+	for i := range snap.Upstreams {
+		snap.Upstreams[i].FleetInflight = new(ups[snap.Upstreams[i].ID])
+	}
+	for i := range snap.Providers {
+		snap.Providers[i].FleetInflight = new(provs[snap.Providers[i].ID])
+	}
 }
 
 // stateStatus reads one upstream's pooled state; b is its backoff scope

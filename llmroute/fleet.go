@@ -1,0 +1,323 @@
+package llmroute
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/redisstate"
+)
+
+// Shared state across instances (SPEC §17). The memory backend is the
+// pooled state of state.go and capacity.go, as it always was; the redis
+// backend sits in front of it: every claim is taken locally first (this
+// instance alone never exceeds a limit either) and then fleet-wide in Redis,
+// rolled back if the fleet is full. The local count of this instance is
+// therefore always exact, which is what makes the fallback cheap: while
+// Redis is away, claims stop at the local check, and when it answers again
+// one renewal writes this instance's true counts back.
+//
+// One fleet is active per process (the running config's); the request path
+// sees it through activeFleet and pays one atomic load when it is nil.
+var activeFleet atomic.Pointer[fleet]
+
+// instanceID names this process in Redis. It is process-wide so a reload
+// keeps counting in the same hash fields.
+var instanceID = func() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}()
+
+// stateErrors counts failed or timed-out calls to the state backend.
+var stateErrors = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "llm_proxy_state_errors_total",
+	Help: "Calls to the shared state backend (Redis) that failed or timed out.",
+})
+
+// fleet is one handler's redis state.
+type fleet struct {
+	store   *redisstate.Store
+	logger  *zap.Logger
+	reject  bool // on_state_error reject
+	address string
+	ttl     time.Duration
+
+	// mu orders claims and releases (read side) against a renewal (write
+	// side), which rewrites this instance's counts from the local ones: a
+	// count read between a local and a Redis step would be off by one.
+	mu sync.RWMutex
+	// healthy is false while Redis is unreachable: claims then use the local
+	// accounting only, without a Redis call that would wait for the timeout.
+	healthy atomic.Bool
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func newFleet(c StateConfig, logger *zap.Logger) *fleet {
+	ttl := time.Duration(*c.LeaseTTL)
+	return &fleet{
+		store: redisstate.Open(redisstate.Options{
+			Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB, TLS: c.TLS,
+			Prefix: c.Prefix, Timeout: time.Duration(*c.Timeout), LeaseTTL: ttl,
+		}, instanceID),
+		logger:  logger,
+		reject:  c.OnStateError == "reject",
+		address: c.Address,
+		ttl:     ttl,
+	}
+}
+
+// start runs the background work: health and renewal, the wake listener,
+// the slow poll. Redis being down does not stop it: the fleet starts in
+// fallback and comes back by itself.
+func (f *fleet) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	f.stop, f.done = cancel, make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); f.maintain(ctx) }()
+	go func() { defer wg.Done(); f.store.Listen(ctx, f.onEvent) }()
+	go func() { defer wg.Done(); f.poll(ctx) }()
+	go func() { wg.Wait(); close(f.done) }()
+}
+
+// close stops the background work and the connections.
+func (f *fleet) close() {
+	if f.stop != nil {
+		f.stop()
+		<-f.done
+	}
+	_ = f.store.Close()
+}
+
+// maintain renews the leases every third of lease_ttl while Redis answers,
+// and checks every second while it does not.
+func (f *fleet) maintain(ctx context.Context) {
+	for {
+		wait := f.ttl / 3
+		if err := f.renew(ctx); err != nil {
+			f.failed(err)
+			wait = min(wait, time.Second)
+		} else if f.healthy.CompareAndSwap(false, true) {
+			f.logger.Warn("shared state reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// renew writes this instance's true counts and pushes its leases on.
+func (f *fleet) renew(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ups, provs := make(map[string]int64), make(map[string]int64)
+	upstreamPool.Range(func(_, v any) bool { s := v.(*upstreamState); ups[s.id] = s.inflight.Load(); return true })
+	draining.Range(func(_, v any) bool { s := v.(*upstreamState); ups[s.id] = s.inflight.Load(); return true })
+	providerPool.Range(func(_, v any) bool { p := v.(*providerState); provs[p.id] = p.inflight.Load(); return true })
+	providerDraining.Range(func(_, v any) bool { p := v.(*providerState); provs[p.id] = p.inflight.Load(); return true })
+	return f.store.Renew(ctx, ups, provs)
+}
+
+// failed records a Redis error: counted always, logged at ERROR once per
+// transition into the fallback.
+func (f *fleet) failed(err error) {
+	stateErrors.Inc()
+	if f.healthy.CompareAndSwap(true, false) {
+		mode := "local accounting"
+		if f.reject {
+			mode = "rejecting requests"
+		}
+		f.logger.Error("shared state unreachable, "+mode+" until it answers", zap.String("backend", "redis"),
+			zap.String("address", f.address), zap.Error(err))
+	}
+}
+
+// poll is the safety net of the pub/sub messages: a release whose message
+// was lost (a late subscription, a reconnect) still admits a waiter within
+// a second, and a cooling another instance started is read within one.
+func (f *fleet) poll(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f.syncBackoffs(ctx)
+			sched.dispatch()
+		}
+	}
+}
+
+// syncBackoffs reads every pooled backoff scope from Redis and applies the
+// coolings running there (only ever growing the local ones).
+func (f *fleet) syncBackoffs(ctx context.Context) {
+	if !f.healthy.Load() {
+		return
+	}
+	var scopes []string
+	var states []*backoffState
+	backoffPool.Range(func(k, v any) bool {
+		scopes, states = append(scopes, k.(string)), append(states, v.(*backoffState))
+		return true
+	})
+	got, err := f.store.Backoffs(ctx, scopes)
+	if err != nil {
+		if ctx.Err() == nil {
+			f.failed(err)
+		}
+		return
+	}
+	now := time.Now()
+	for i, c := range got {
+		// Tolerance: the same cooling, read again, differs by the latency;
+		// it must not count as a new one (that would put probes off).
+		if c.Left > states[i].remaining(now)+250*time.Millisecond {
+			states[i].applyFleet(redisstate.Event{Kind: "cool", Left: c.Left, Streak: c.Streak, Hold: c.Hold}, now)
+		}
+	}
+}
+
+// onEvent applies a message of another instance (or this one).
+func (f *fleet) onEvent(ev redisstate.Event) {
+	switch ev.Kind {
+	case "release":
+		sched.dispatch()
+	case "cool", "ok":
+		if b := findBackoff(ev.Scope); b != nil {
+			b.applyFleet(ev, time.Now())
+		}
+	}
+}
+
+// tryClaim claims locally, then fleet-wide. dispatch tells the caller to
+// wake the queue once it no longer holds the read lock (a rollback freed a
+// slot a waiter may have seen taken).
+func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n, ok, dispatch = u.claimLocal()
+	if !ok {
+		return n, false, dispatch
+	}
+	if !f.healthy.Load() {
+		if f.reject {
+			u.unclaimLocal()
+			return n - 1, false, true
+		}
+		return n, true, false
+	}
+	v, err := f.store.Claim(context.Background(), u.id, u.provider, fleetLimit(u.limit), fleetLimit(u.capacity))
+	switch {
+	case err != nil:
+		f.failed(err)
+		if f.reject {
+			u.unclaimLocal()
+			return n - 1, false, true
+		}
+		return n, true, false
+	case v != redisstate.Claimed:
+		u.unclaimLocal()
+		return n - 1, false, true
+	}
+	return n, true, false
+}
+
+// release gives the slot back in Redis, then locally (the local release
+// wakes the queue, outside the read lock).
+func (f *fleet) release(u *upstream) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if !f.healthy.Load() {
+		return // the next renewal writes the true count
+	}
+	if err := f.store.Release(context.Background(), u.id, u.provider); err != nil {
+		f.failed(err)
+	}
+}
+
+// fleetLimit maps the unlimited sentinel to the scripts' "none".
+func fleetLimit(n int64) int64 {
+	if n == unlimited {
+		return -1
+	}
+	return n
+}
+
+// shareBackoff tells the fleet about a failure (hold 0) or a Retry-After
+// hold on a backoff scope, off the request path.
+func (f *fleet) shareBackoff(scope string, capacity, hold time.Duration) {
+	if !f.healthy.Load() {
+		return
+	}
+	go func() {
+		if _, err := f.store.Fail(context.Background(), scope, capacity, hold); err != nil {
+			f.failed(err)
+		}
+	}()
+}
+
+// shareSuccess tells the fleet that a backoff scope recovered.
+func (f *fleet) shareSuccess(scope string) {
+	if !f.healthy.Load() {
+		return
+	}
+	go func() {
+		if _, err := f.store.Succeed(context.Background(), scope); err != nil {
+			f.failed(err)
+		}
+	}()
+}
+
+// fleetStatus is the state part of GET /llm_route/status.
+type fleetStatus struct {
+	Backend string `json:"backend"`
+	// Healthy is false while Redis is unreachable (always true for memory).
+	Healthy bool `json:"healthy"`
+	// Fallback names the mode while unhealthy: local or reject.
+	Fallback string `json:"fallback,omitempty"`
+}
+
+func currentFleetStatus() fleetStatus {
+	f := activeFleet.Load()
+	if f == nil {
+		return fleetStatus{Backend: "memory", Healthy: true}
+	}
+	st := fleetStatus{Backend: "redis", Healthy: f.healthy.Load()}
+	if !st.Healthy {
+		st.Fallback = "local"
+		if f.reject {
+			st.Fallback = "reject"
+		}
+	}
+	return st
+}
+
+// fleetUse returns the fleet-wide in-flight counts for the status, or nil
+// maps when the memory backend runs or Redis does not answer.
+func fleetUse(upstreams, providers []string) (map[string]int64, map[string]int64) {
+	f := activeFleet.Load()
+	if f == nil || !f.healthy.Load() {
+		return nil, nil
+	}
+	ups, provs, err := f.store.Used(context.Background(), upstreams, providers)
+	if err != nil {
+		f.failed(err)
+		return nil, nil
+	}
+	return ups, provs
+}

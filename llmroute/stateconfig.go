@@ -1,0 +1,126 @@
+package llmroute
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+)
+
+// StateConfig selects and configures the state backend (SPEC §17, §18).
+type StateConfig struct {
+	// Backend is `memory` (default: each process keeps its own accounting)
+	// or `redis` (upstream slots, provider capacity and backoff are shared
+	// by every instance on the same Redis and prefix).
+	Backend string `json:"backend,omitempty"`
+
+	// Address is the Redis `host:port`. Default `127.0.0.1:6379`.
+	Address string `json:"address,omitempty"`
+
+	// Username for Redis ACLs. Default none. Placeholders (`{env.NAME}`,
+	// `{file./path}`) are resolved at load time.
+	Username string `json:"username,omitempty"`
+
+	// Password for Redis. Default none. Placeholders are resolved at load
+	// time; prefer them to a literal (visible in `GET /config/`). Never
+	// logged.
+	Password string `json:"password,omitempty"`
+
+	// DB is the Redis database number. Default 0.
+	DB int `json:"db,omitempty"`
+
+	// Prefix starts every key and the pub/sub channel. Default `llm_route:`.
+	// Instances share state exactly when they use the same Redis and prefix.
+	Prefix string `json:"prefix,omitempty"`
+
+	// TLS connects to Redis over TLS with the system's CAs. Default false.
+	TLS bool `json:"tls,omitempty"`
+
+	// Timeout bounds every Redis call, connecting included; a call that
+	// takes longer counts as Redis being unreachable. Default 50ms.
+	Timeout *Duration `json:"timeout,omitempty"`
+
+	// LeaseTTL is how long a slot lease outlives its instance: leases are
+	// renewed every third of it while the instance runs, so the slots of a
+	// crashed instance come back within it. Default 30s.
+	LeaseTTL *Duration `json:"lease_ttl,omitempty"`
+
+	// OnStateError is what happens while Redis is unreachable or slow:
+	// `local` (default: this instance falls back to its own accounting with
+	// the same limits and goes back to Redis by itself when it answers) or
+	// `reject` (requests get 503 until Redis is back).
+	OnStateError string `json:"on_state_error,omitempty"`
+}
+
+// Defaults of SPEC §17.
+const (
+	defaultStateAddress = "127.0.0.1:6379"
+	defaultStatePrefix  = "llm_route:"
+	defaultStateTimeout = 50 * time.Millisecond
+	defaultLeaseTTL     = 30 * time.Second
+)
+
+// resolved returns the config with defaults filled in and placeholders
+// resolved, or an error naming the bad field.
+func (c StateConfig) resolved(repl *caddy.Replacer) (StateConfig, error) {
+	switch c.Backend {
+	case "", "memory", "redis":
+	default:
+		return c, fmt.Errorf("llm_route config: state: backend must be memory or redis, not %q", c.Backend)
+	}
+	switch c.OnStateError {
+	case "", "local", "reject":
+	default:
+		return c, fmt.Errorf("llm_route config: state: on_state_error must be local or reject, not %q", c.OnStateError)
+	}
+	if c.DB < 0 {
+		return c, fmt.Errorf("llm_route config: state: db must not be negative")
+	}
+	if c.Address == "" {
+		c.Address = defaultStateAddress
+	}
+	if c.Prefix == "" {
+		c.Prefix = defaultStatePrefix
+	}
+	if c.OnStateError == "" {
+		c.OnStateError = "local"
+	}
+	t := durationOr(defaultStateTimeout, c.Timeout)
+	ttl := durationOr(defaultLeaseTTL, c.LeaseTTL)
+	if t <= 0 || ttl <= 0 {
+		return c, fmt.Errorf("llm_route config: state: timeout and lease_ttl must be positive")
+	}
+	c.Timeout, c.LeaseTTL = new(Duration(t)), new(Duration(ttl))
+	c.Username = resolveSecret(repl, c.Username)
+	c.Password = resolveSecret(repl, c.Password)
+	return c, nil
+}
+
+// provisionState checks the state config and, for redis, prepares the
+// client (no connection yet: Redis down at start-up must not stop Caddy).
+func (h *Handler) provisionState(repl *caddy.Replacer) error {
+	if h.State == nil {
+		return nil
+	}
+	c, err := h.State.resolved(repl)
+	if err != nil {
+		return err
+	}
+	if c.Backend == "redis" {
+		h.fleet = newFleet(c, h.logger)
+	}
+	return nil
+}
+
+// startState makes this config's state the process's once the config runs:
+// a redis fleet starts its renewals and listener; memory switches any
+// previous fleet off (its leases then expire within lease_ttl).
+func (h *Handler) startState() {
+	activeFleet.Store(h.fleet)
+	if h.fleet != nil {
+		h.fleet.start()
+		h.logger.Info("shared state", zap.String("backend", "redis"), zap.String("address", h.fleet.address),
+			zap.Duration("lease_ttl", h.fleet.ttl), zap.Bool("reject_on_error", h.fleet.reject))
+	}
+}
