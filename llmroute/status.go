@@ -321,6 +321,7 @@ func queueDepths() map[string]int {
 const (
 	verdictAvailable = "available"
 	verdictBusy      = "busy"
+	verdictCapacity  = "capacity"
 	verdictCooling   = "cooling"
 	verdictAPI       = "api_not_served"
 )
@@ -390,6 +391,10 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 			allCooling = false
 			v.Verdict = verdictBusy
 			v.Detail = "busy " + slots(inflight, limit)
+		case u.providerFull():
+			allCooling = false
+			v.Verdict = verdictCapacity
+			v.Detail = "provider " + u.provider + " at capacity " + slots(u.prov.inflight.Load(), u.capacity)
 		default:
 			allCooling = false
 			v.Verdict = verdictAvailable
