@@ -80,6 +80,10 @@ func TestProviderCapacityAcrossModelsAndReload(t *testing.T) {
 	if got := p.metric("llm_proxy_provider_inflight", "provider", "gpu"); got != 1 {
 		t.Errorf("llm_proxy_provider_inflight while held = %v, want 1", got)
 	}
+	if ex := p.explain("b"); len(ex.Upstreams) != 1 || ex.Upstreams[0].Verdict != "capacity" ||
+		!strings.Contains(ex.Upstreams[0].Detail, "gpu at capacity 1/1") {
+		t.Errorf("explain b while gpu is full: %+v, want verdict capacity", ex.Upstreams)
+	}
 	p.load(capacityConfig(up, "ua-renamed"))
 	if _, body := p.status(); !strings.Contains(body, `{"id":"gpu","inflight":1,"capacity":1`) {
 		t.Errorf("status after the reload does not show gpu with 1 of capacity 1 in flight: %s", body)

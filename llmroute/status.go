@@ -335,6 +335,7 @@ const (
 const (
 	reasonContextWindow = "context_window"
 	reasonLongContext   = "long_context"
+	reasonProviderCap   = "provider_capacity"
 )
 
 // explanation is the answer of GET /llm_route/explain.
@@ -365,8 +366,8 @@ type explanation struct {
 type upstreamVerdict struct {
 	ID      string `json:"id"`
 	Verdict string `json:"verdict"`
-	// Reason refines a context or capacity verdict: "context_window" or
-	// "long_context".
+	// Reason refines a context or capacity verdict: "context_window",
+	// "long_context" or "provider_capacity".
 	Reason string `json:"reason,omitempty"`
 	Detail string `json:"detail"`
 }
@@ -423,6 +424,10 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 			v.Verdict, v.Reason = verdictCapacity, reasonLongContext
 			v.Detail = "long-context slots of provider " + u.provider + " full, " +
 				slots(u.long.inflight.Load(), u.long.limit.Load())
+		case u.providerFull():
+			allCooling = false
+			v.Verdict, v.Reason = verdictCapacity, reasonProviderCap
+			v.Detail = "provider " + u.provider + " at capacity " + slots(u.prov.inflight.Load(), u.capacity)
 		default:
 			allCooling = false
 			v.Verdict = verdictAvailable
