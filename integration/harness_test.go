@@ -32,15 +32,34 @@ import (
 )
 
 // freePort returns a loopback port that was free a moment ago.
+//
+// The kernel may hand a closed port out again at once, and Caddy binds
+// with SO_REUSEPORT: a proxy whose admin and HTTP ports came out equal
+// would share one port between the two servers and answer some requests
+// from the admin mux ("404 page not found"). So a port is never given out
+// twice in one test process.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	givenPortsMu.Lock()
+	defer givenPortsMu.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !givenPorts[port] {
+			givenPorts[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
+
+var (
+	givenPortsMu sync.Mutex
+	givenPorts   = map[int]bool{}
+)
 
 // proxy is a running Caddy with one llm_route handler.
 type proxy struct {
