@@ -22,9 +22,15 @@ type scenario struct {
 	conns int
 	// throughput scenarios enter the requests/s geomean budget.
 	throughput bool
+	// base and cpuLimit: llm_route's CPU/request in this scenario must stay
+	// within cpuLimit × its CPU/request in the chat scenario base (the
+	// front scenarios' budgets, issues #11 and #12).
+	base     string
+	cpuLimit float64
 }
 
-// scenarios are the six of issue #7, in run order.
+// scenarios are the six of issue #7 and the four front scenarios, in run
+// order.
 var scenarios = []scenario{
 	{name: "nonstream-16", mode: modeNonStream, conns: 16, throughput: true},
 	{name: "nonstream-64", mode: modeNonStream, conns: 64, throughput: true},
@@ -32,7 +38,15 @@ var scenarios = []scenario{
 	{name: "stream-64", mode: modeStream, conns: 64, throughput: true},
 	{name: "paced-32", mode: modePaced, conns: 32},
 	{name: "think-split-64", mode: modeThink, conns: 64},
+	// The protocol fronts (fronts.go).
+	{name: "messages-native-64", mode: modeMsgNative, conns: 64, base: "stream-64", cpuLimit: 1.1},
+	{name: "messages-native-nonstream-64", mode: modeMsgNonStream, conns: 64, base: "nonstream-64", cpuLimit: 1.1},
+	{name: "messages-translated-64", mode: modeMsgTranslated, conns: 64, base: "stream-64", cpuLimit: 1.5},
+	{name: "responses-translated-64", mode: modeRespTransl, conns: 64, base: "stream-64", cpuLimit: 1.5},
 }
+
+// streams reports whether a mode's answer is an event stream.
+func streams(mode string) bool { return mode != modeNonStream && mode != modeMsgNonStream }
 
 // runResult is the measurement of one scenario against one target.
 type runResult struct {
@@ -79,10 +93,20 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 		lr.body = p.reqStream
 	case modeThink:
 		lr.body = p.reqThink
+	case modeMsgNative:
+		lr.body = p.fr.reqMsgStream
+	case modeMsgNonStream:
+		lr.body = p.fr.reqMsgNonStream
+	case modeMsgTranslated:
+		lr.body = p.fr.reqMsgTranslated
+	case modeRespTransl:
+		lr.body = p.fr.reqResp
 	}
 	switch {
 	case target.kind == kindPlain && sc.mode == modeThink:
 		lr.echo = clientThinkModel
+	case target.kind == kindPlain && (sc.mode == modeMsgNative || sc.mode == modeMsgNonStream):
+		lr.echo = clientMsgModel
 	case target.kind == kindPlain:
 		lr.echo = clientModel
 	case sc.mode == modeThink:
@@ -96,6 +120,9 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 		"Authorization": {"Bearer sk-client-key"},
 		"User-Agent":    {"llm-route-loadbench/1"},
 		modeHeader:      {sc.mode},
+	}
+	if frontPath(sc.mode) == "/v1/messages" {
+		lr.header["Anthropic-Version"] = []string{"2023-06-01"} // as the Anthropic SDKs send it
 	}
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -191,7 +218,7 @@ func (lr *loadRun) worker() {
 		}
 		ok++
 		lat = append(lat, end.Sub(start))
-		if lr.sc.mode != modeNonStream {
+		if streams(lr.sc.mode) {
 			ttfe = append(ttfe, first)
 		}
 	}
@@ -238,7 +265,7 @@ func errKind(err error) string {
 // the time to the first complete SSE event (streams).
 func (lr *loadRun) do(buf []byte, start time.Time) ([]byte, time.Duration, error) {
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost,
-		lr.target.url+"/v1/chat/completions", bytes.NewReader(lr.body))
+		lr.target.url+frontPath(lr.sc.mode), bytes.NewReader(lr.body))
 	if err != nil {
 		return buf, 0, err
 	}
@@ -265,7 +292,7 @@ func (lr *loadRun) do(buf []byte, start time.Time) ([]byte, time.Duration, error
 		if n > 0 {
 			prev := len(buf)
 			buf = buf[:prev+n]
-			if first == 0 && lr.sc.mode != modeNonStream &&
+			if first == 0 && streams(lr.sc.mode) &&
 				bytes.Contains(buf[max(prev-1, 0):], []byte("\n\n")) {
 				first = time.Since(start)
 			}
@@ -296,6 +323,23 @@ func (lr *loadRun) validate(body []byte) error {
 			return validateSplit(body, lr.p)
 		}
 		want = lr.p.thinkBody
+	case modeMsgNonStream:
+		if !bytes.Equal(body, lr.p.fr.msgCompletion) {
+			return invalid("messages non-stream body differs (%d bytes, want %d)", len(body), len(lr.p.fr.msgCompletion))
+		}
+		return nil
+	case modeMsgNative:
+		want = lr.p.fr.msgStreamBody
+	case modeMsgTranslated:
+		if lr.target.kind == kindLLM {
+			return validateMessagesStream(body, lr.p.fr.text)
+		}
+		want = lr.p.fr.msgStreamBody
+	case modeRespTransl:
+		if lr.target.kind == kindLLM {
+			return validateResponsesStream(body, lr.p.fr.text)
+		}
+		want = lr.p.fr.respBody
 	}
 	if bytes.Equal(body, want) {
 		return nil

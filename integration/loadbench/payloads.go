@@ -37,6 +37,8 @@ type payloads struct {
 
 	// What a think_tags split client must reassemble from the deltas.
 	thinkContent, thinkReasoning string
+
+	fr *frontPayloads // the Messages and Responses scenarios (fronts.go)
 }
 
 // Client-visible model names and the real names llm_route must send upstream.
@@ -122,6 +124,7 @@ func newPayloads() *payloads {
 	}
 	p.events = chunkEvents(plain)
 	p.streamBody = join(p.events)
+	p.fr = newFrontPayloads(plain)
 
 	// The think stream: both tags are cut in two, in different places, and
 	// the reasoning spans several chunks.

@@ -58,14 +58,19 @@ func llmHandler(upstreamURL string) map[string]any {
 		"providers": []any{map[string]any{"id": "fake", "url": upstreamURL + "/v1",
 			// The fake upstream picks its answer by this header; the client
 			// header allow-list keeps it back unless the provider names it.
-			"forward_headers": []string{modeHeader}}},
+			"forward_headers": []string{modeHeader}},
+			// The same server as a native Messages upstream (fronts.go).
+			map[string]any{"id": "fake-msg", "url": upstreamURL + "/v1", "apis": []string{"messages"},
+				"auth": "x-api-key", "forward_headers": []string{modeHeader}}},
 		"upstreams": []any{
 			map[string]any{"id": "real", "provider": "fake", "model": realModel},
 			map[string]any{"id": "think", "provider": "fake", "model": realThinkModel, "think_tags": "split"},
+			map[string]any{"id": "msg", "provider": "fake-msg", "model": realModel},
 		},
 		"models": []any{
 			map[string]any{"name": clientModel, "upstreams": []string{"real"}},
 			map[string]any{"name": clientThinkModel, "upstreams": []string{"think"}},
+			map[string]any{"name": clientMsgModel, "upstreams": []string{"msg"}},
 		},
 	}
 }

@@ -259,6 +259,23 @@ func (r *results) budgets() []budget {
 		}
 		out = append(out, b)
 	}
+	// 3b. The fronts: llm_route CPU/req against its chat scenario, same round.
+	for _, s := range r.scs {
+		if s.base == "" {
+			continue
+		}
+		b := budget{name: fmt.Sprintf("llm_route CPU/req %s ÷ %s", s.name, s.base), limit: fmt.Sprintf("≤ %.1f", s.cpuLimit)}
+		fi, bi := r.index(s.name), r.index(s.base)
+		if bi >= 0 {
+			v := make([]float64, r.rounds)
+			for k := range v {
+				v[k] = r.runs[fi][kindLLM][k].cpuPerReq() / r.runs[bi][kindLLM][k].cpuPerReq()
+			}
+			m := median(v)
+			b.measured, b.pass, b.known = ratioCell(v), m <= s.cpuLimit, !math.IsNaN(m)
+		}
+		out = append(out, b)
+	}
 	// 4. TTFE of the paced stream.
 	{
 		b := budget{name: "TTFE p50 paced-32: llm_route − reverse_proxy", limit: "≤ +0.5 ms"}
@@ -338,7 +355,7 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	w("|---|---:|---|---|---|---|---|---|\n")
 	for i, s := range r.scs {
 		ttfe := "–"
-		if s.mode != modeNonStream {
+		if streams(s.mode) {
 			d := median(r.pairedDiff(i, func(x runResult) float64 { return x.ttfeP(0.5) }))
 			ttfe = fmt.Sprintf("%s (%+.2f ms)", ratioCell(r.paired(i, func(x runResult) float64 { return x.ttfeP(0.5) })), d)
 		}
@@ -352,6 +369,12 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	}
 	if i := r.index("think-split-64"); i >= 0 {
 		w("\nthink-split-64: llm_route splits `<think>` into reasoning_content; reverse_proxy passes the same stream through, so its ratio is the price of the rewrite, not a like-for-like comparison.\n")
+	}
+	for _, s := range r.scs {
+		if isFrontMode(s.mode) {
+			w("\nFront scenarios: reverse_proxy relays the client's Messages/Responses request to the fake upstream's native endpoint (it cannot translate); in the *-translated ones llm_route turns it into a chat completion and the chat stream back into the client's events, so their ratio is the price of the translation.\n")
+			break
+		}
 	}
 
 	w("\n## Budgets\n\n| budget | measured | limit | verdict |\n|---|---|---|---|\n")
@@ -371,7 +394,7 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 		for _, k := range []string{kindLLM, kindPlain} {
 			med := func(f func(runResult) float64) float64 { return r.medianOf(i, k, f) }
 			t50, t99 := "–", "–"
-			if s.mode != modeNonStream {
+			if streams(s.mode) {
 				t50 = num(med(func(x runResult) float64 { return x.ttfeP(0.5) }), 2)
 				t99 = num(med(func(x runResult) float64 { return x.ttfeP(0.99) }), 2)
 			}

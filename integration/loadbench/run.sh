@@ -13,7 +13,8 @@
 #   DURATION=5s      measured window per scenario, target and round
 #   WARMUP=1s        warm-up before each window
 #   ROUNDS=3         rounds (target order alternates)
-#   SCENARIOS=all    comma list: nonstream-16,nonstream-64,stream-16,stream-64,paced-32,think-split-64
+#   SCENARIOS=all    comma list: nonstream-16,nonstream-64,stream-16,stream-64,paced-32,think-split-64,
+#                    messages-native-64,messages-native-nonstream-64,messages-translated-64,responses-translated-64
 #   PROFILE=10s      also capture CPU profiles (out/cpu-*.pprof) and print their top
 #   PLAIN_IDLE=1024  reverse_proxy max_idle_conns_per_host (0 = Caddy's default 32)
 #   PIN=0            do not pin

@@ -37,6 +37,7 @@ var (
 	echoThink    = []string{realThinkModel}
 	echoClient   = []string{clientModel}
 	echoClientTh = []string{clientThinkModel}
+	echoClientMs = []string{clientMsgModel}
 )
 
 var bodyPool = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, 4<<10)) }}
@@ -68,8 +69,9 @@ func (u *fakeUpstream) close() { _ = u.srv.Close() }
 // ServeHTTP answers one chat completion according to the X-Bench-Mode
 // request header, echoing the received model in X-Echo-Model.
 func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
-		http.Error(w, "fake upstream: only POST /v1/chat/completions", http.StatusNotFound)
+	path := r.URL.Path
+	if r.Method != http.MethodPost || path != "/v1/chat/completions" && path != "/v1/messages" && path != "/v1/responses" {
+		http.Error(w, "fake upstream: only POST /v1/chat/completions, /v1/messages, /v1/responses", http.StatusNotFound)
 		return
 	}
 	buf := bodyPool.Get().(*bytes.Buffer)
@@ -85,11 +87,22 @@ func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h[echoHeader] = echoValue(model)
 	mode := r.Header.Get(modeHeader)
-	if mode == modeNonStream || mode == "" {
+	completion, events := u.p.completion, u.p.events
+	switch {
+	case path == "/v1/messages":
+		// A native Messages server (the translated scenarios reach it only
+		// through reverse_proxy, which cannot translate).
+		completion, events = u.p.fr.msgCompletion, u.p.fr.msgEvents
+	case path == "/v1/responses":
+		events = u.p.fr.respEvents
+	case mode == modeThink:
+		events = u.p.thinkEvents
+	}
+	if mode == modeNonStream || mode == modeMsgNonStream || mode == "" {
 		h["Content-Type"] = ctJSON
-		h["Content-Length"] = []string{strconv.Itoa(len(u.p.completion))}
+		h["Content-Length"] = []string{strconv.Itoa(len(completion))}
 		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(u.p.completion)
+		_, _ = w.Write(completion)
 		return
 	}
 
@@ -97,10 +110,6 @@ func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h["Cache-Control"] = noCache
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
-	events := u.p.events
-	if mode == modeThink {
-		events = u.p.thinkEvents
-	}
 	paced := mode == modePaced
 	if paced {
 		// Headers go out at once, as real providers do; the first token
@@ -130,6 +139,8 @@ func echoValue(model []byte) []string {
 		return echoClient
 	case clientThinkModel:
 		return echoClientTh
+	case clientMsgModel:
+		return echoClientMs
 	}
 	return []string{string(model)}
 }
