@@ -2,7 +2,6 @@ package responses
 
 import (
 	"bytes"
-	"encoding/json"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -214,7 +213,7 @@ func (s *Stream) dispatch(d []byte) {
 		s.complete()
 		return
 	}
-	if !json.Valid(d) || d[0] != '{' {
+	if !jsonscan.Valid(d) || d[0] != '{' {
 		return // not a chunk; nothing a client could use
 	}
 	var choices, usage, errv []byte
