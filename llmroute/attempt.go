@@ -97,17 +97,7 @@ const (
 func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *target, body []byte, fr *frontReq) (res attemptResult) {
 	start := time.Now()
 	recorded := false
-	defer func() {
-		if p := recover(); p != nil {
-			if !recorded {
-				if res.result == "" {
-					res.result, res.fault = resultNetErr, true
-				}
-				h.finish(rt, t, res, start, fr.arrival)
-			}
-			panic(p)
-		}
-	}()
+	defer h.finishOnPanic(rt, t, &res, start, fr.arrival, &recorded)
 	res = h.exchangeRetrying(w, r, rt, t, body, fr)
 	h.finish(rt, t, res, start, fr.arrival)
 	recorded = true
@@ -268,6 +258,21 @@ func attemptOutcome(clientGone bool, fired string, ctxErr error) attemptResult {
 		return attemptResult{out: outFailover, result: resultTimeout}
 	}
 	return attemptResult{out: outFailover, result: resultNetErr}
+}
+
+// finishOnPanic, deferred by attempt and continueOn, records an attempt a
+// panic cut short (unless it already was), then lets the panic go on: the
+// slot is released exactly once on every path.
+func (h *Handler) finishOnPanic(rt *route, t *target, res *attemptResult, start, arrival time.Time, recorded *bool) {
+	if p := recover(); p != nil {
+		if !*recorded {
+			if res.result == "" {
+				res.result, res.fault = resultNetErr, true
+			}
+			h.finish(rt, t, *res, start, arrival)
+		}
+		panic(p)
+	}
 }
 
 // finish releases the slot and records the attempt: metric, backoff, log.

@@ -220,17 +220,7 @@ func (c *continuation) final(res attemptResult) attemptResult {
 func (h *Handler) continueOn(r *http.Request, rt *route, t *target, c *continuation, body []byte, fr *frontReq) (res attemptResult, v contVerdict) {
 	start := time.Now()
 	recorded := false
-	defer func() {
-		if p := recover(); p != nil {
-			if !recorded {
-				if res.result == "" {
-					res.result, res.fault = resultNetErr, true
-				}
-				h.finish(rt, t, res, start, fr.arrival)
-			}
-			panic(p)
-		}
-	}()
+	defer h.finishOnPanic(rt, t, &res, start, fr.arrival, &recorded)
 	prefill := t.up.prefill && c.ex.follow.cr.Content() != ""
 	if ce := h.logger.Check(zapcore.InfoLevel, "continuing stream"); ce != nil {
 		ce.Write(zap.String("model", rt.name), zap.String("from", c.from.id), zap.String("to", t.up.id),
