@@ -50,10 +50,18 @@ type prefixKey [16]byte
 //
 // Known limits: trimming or summarising the history breaks the prefix, so the
 // conversation continues under a new id; conversations whose first user
-// message (and what follows) are identical share one id; the registry lives
-// in memory, so a restart gives active conversations new ids. It holds at most
-// maxSessions sessions (least recently used evicted first, with all their
-// prefixes) for at most ttl since their last use.
+// message (and what follows) are identical share one id. The registry lives
+// in this process's memory: a restart gives active conversations new ids,
+// and with several instances behind a load balancer each would name a
+// conversation its own way. With the redis state (SPEC §17) the handler
+// therefore keeps the registry in Redis too (History, Record: the same
+// prefixes under the state prefix, the same TTL) and this one in step, so an
+// id is the same whichever instance serves the next turn and outlives a
+// restart while Redis keeps its data; while Redis is unreachable each
+// instance answers from its own copy, and a conversation that began there
+// meanwhile may get a second id. It holds at most maxSessions sessions
+// (least recently used evicted first, with all their prefixes) for at most
+// ttl since their last use; Redis keeps each prefix ttl since its last use.
 //
 // A body without messages gets the hash of the body itself, unrecorded; one
 // without a user message is chained from its first message. ID never returns
@@ -115,20 +123,89 @@ var hashPool = sync.Pool{New: func() any { return new(hashState) }}
 // records the body's history under it.
 func (s *Sessions) ID(body []byte) string {
 	hs := hashPool.Get().(*hashState)
-	defer func() {
-		// Don't let one huge history pin its buffers in the pool.
-		if cap(hs.canon) > 64<<10 || cap(hs.text) > 64<<10 || cap(hs.prefixes) > 4096 {
-			return
-		}
-		hashPool.Put(hs)
-	}()
+	defer putHashState(hs)
 	hs.prefixes = historyPrefixes(body, hs)
-	prefixes := hs.prefixes
-	if len(prefixes) == 0 {
-		sum := sha256.Sum256(body)
-		return hex.EncodeToString(sum[:16])
+	if len(hs.prefixes) == 0 {
+		return bodyID(body)
 	}
+	return s.record(hs.prefixes, "")
+}
 
+// putHashState returns hs to the pool, unless one huge history would pin its
+// buffers there.
+func putHashState(hs *hashState) {
+	if cap(hs.canon) > 64<<10 || cap(hs.text) > 64<<10 || cap(hs.prefixes) > 4096 {
+		return
+	}
+	hashPool.Put(hs)
+}
+
+// bodyID names a body without messages: its own hash, unrecorded.
+func bodyID(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:16])
+}
+
+// History is a body's hashed history, for a registry kept elsewhere (the
+// shared one in Redis): the registry there picks the id from Keys and
+// Candidate, and Record keeps this one in step so it can stand in when the
+// other is unreachable (Resolve).
+type History struct {
+	prefixes []prefixKey // oldest first
+	// Candidate is the id a new session would get: the hash of the whole
+	// history, or for a body without messages the hash of the body.
+	Candidate string
+}
+
+// NewHistory hashes body's messages as ID does, without touching a registry.
+func NewHistory(body []byte) History {
+	hs := hashPool.Get().(*hashState)
+	defer putHashState(hs)
+	hs.prefixes = historyPrefixes(body, hs)
+	if len(hs.prefixes) == 0 {
+		return History{Candidate: bodyID(body)}
+	}
+	last := hs.prefixes[len(hs.prefixes)-1]
+	return History{prefixes: append([]prefixKey(nil), hs.prefixes...), Candidate: hex.EncodeToString(last[:])}
+}
+
+// Empty reports a body without messages: its Candidate is its id and there
+// is nothing to look up or record.
+func (h History) Empty() bool { return len(h.prefixes) == 0 }
+
+// Keys appends the most recent prefix hashes (at most 128, the cap of a
+// session's memory), longest first, in hex, each after prefix.
+func (h History) Keys(dst []string, prefix string) []string {
+	for i := len(h.prefixes) - 1; i >= 0 && i >= len(h.prefixes)-maxPrefixesPerSession; i-- {
+		dst = append(dst, prefix+hex.EncodeToString(h.prefixes[i][:]))
+	}
+	return dst
+}
+
+// Resolve is ID for a history already hashed.
+func (s *Sessions) Resolve(h History) string {
+	if h.Empty() {
+		return h.Candidate
+	}
+	return s.record(h.prefixes, "")
+}
+
+// Record remembers h's history under id, chosen elsewhere: every prefix of
+// it names id from now on, so that Resolve gives the same answer while the
+// other registry is unreachable.
+func (s *Sessions) Record(h History, id string) {
+	if h.Empty() || id == "" {
+		return
+	}
+	s.record(h.prefixes, id)
+}
+
+// record finds or starts the session of prefixes and records them under it.
+// With chosen "", the longest known prefix names the session (else a new
+// one, named by the whole history); prefixes already recorded under another
+// session stay there. With an id chosen elsewhere, the session is that id's
+// and every prefix moves to it.
+func (s *Sessions) record(prefixes []prefixKey, chosen string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -139,9 +216,13 @@ func (s *Sessions) ID(body []byte) string {
 	for i := len(prefixes) - 1; i >= 0 && sess == nil; i-- {
 		sess = s.byPrefix[prefixes[i]]
 	}
-	if sess == nil {
-		last := prefixes[len(prefixes)-1]
-		sess = &session{id: hex.EncodeToString(last[:])}
+	if sess == nil || (chosen != "" && sess.id != chosen) {
+		id := chosen
+		if id == "" {
+			last := prefixes[len(prefixes)-1]
+			id = hex.EncodeToString(last[:])
+		}
+		sess = &session{id: id}
 		s.pushFront(sess)
 		s.n++
 		if s.n > s.max {
@@ -157,7 +238,7 @@ func (s *Sessions) ID(body []byte) string {
 		from = 0
 	}
 	for _, p := range prefixes[from:] {
-		if _, ok := s.byPrefix[p]; !ok {
+		if cur, ok := s.byPrefix[p]; !ok || (chosen != "" && cur != sess) {
 			s.byPrefix[p] = sess
 			s.addPrefix(sess, p)
 		}

@@ -256,3 +256,59 @@ func TestSessionsConcurrent(t *testing.T) {
 		t.Fatalf("Len %d > max", n)
 	}
 }
+
+// History, Record and Resolve are the registry's halves for a shared
+// registry kept elsewhere: the same hashes and candidate as ID, and an id
+// chosen elsewhere answered locally afterwards.
+func TestSessionsHistoryRecordResolve(t *testing.T) {
+	turn1, turn2 := body(sys, u1), body(sys, u1, a1, u2)
+	h1, h2 := NewHistory(turn1), NewHistory(turn2)
+	if want := NewSessions(10, time.Hour, nil).ID(turn1); h1.Candidate != want {
+		t.Fatalf("candidate %q, want the id ID gives a new session %q", h1.Candidate, want)
+	}
+	keys := h2.Keys(nil, "p:")
+	if len(keys) != 3 || keys[0] != "p:"+h2.Candidate || !strings.HasPrefix(keys[2], "p:") {
+		t.Fatalf("keys of a three-message history: %q (want 3, longest first, the candidate's hash first)", keys)
+	}
+	if k1 := h1.Keys(nil, "p:"); len(k1) != 1 || k1[0] != keys[2] {
+		t.Errorf("turn 1's key %q is not turn 2's shortest %q", k1, keys[2])
+	}
+
+	// An id chosen elsewhere for turn 2 is what the local registry answers
+	// for turn 2 and for what grows from it, even though turn 1 was named
+	// otherwise here.
+	s := NewSessions(10, time.Hour, nil)
+	local := s.ID(turn1)
+	s.Record(h2, "shared")
+	if got := s.Resolve(h2); got != "shared" {
+		t.Errorf("resolve after record = %q, want shared", got)
+	}
+	if got := s.ID(body(sys, u1, a1, u2, a2, u3)); got != "shared" {
+		t.Errorf("the next turn = %q, want shared", got)
+	}
+	if got := s.ID(turn1); got != "shared" {
+		t.Errorf("turn 1 again = %q, want shared (its prefix moved; was %q)", got, local)
+	}
+	if s.Len() != 2 {
+		t.Errorf("sessions = %d, want 2 (the local one lingers until evicted)", s.Len())
+	}
+
+	// A body without messages: its hash, nothing recorded.
+	empty := NewHistory([]byte(`{"model":"m"}`))
+	if !empty.Empty() || empty.Candidate == "" || len(empty.Keys(nil, "")) != 0 {
+		t.Errorf("history of a body without messages: %+v", empty)
+	}
+	s.Record(empty, "x")
+	if got := s.Resolve(empty); got != empty.Candidate {
+		t.Errorf("resolve of a body without messages = %q, want its hash", got)
+	}
+
+	// Keys stop at the 128 most recent prefixes.
+	msgs := []string{u1}
+	for i := 0; i < 200; i++ {
+		msgs = append(msgs, fmt.Sprintf(`{"role":"user","content":"m%d"}`, i))
+	}
+	if n := len(NewHistory(body(msgs...)).Keys(nil, "")); n != maxPrefixesPerSession {
+		t.Errorf("keys of a 201-message history = %d, want %d", n, maxPrefixesPerSession)
+	}
+}
