@@ -1,12 +1,68 @@
 package llmroute
 
 import (
+	"context"
+	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
+// sessionTTL is how long a conversation's id outlives its last turn (SPEC §5).
+const sessionTTL = 6 * time.Hour
+
 // sessions is the process-wide session registry of SPEC §5: LRU of 1000
 // sessions, 6 h TTL. It is package-level so that a config reload keeps every
 // conversation's id.
-var sessions = transform.NewSessions(1000, 6*time.Hour, time.Now)
+var sessions = &sessionRegistry{local: transform.NewSessions(1000, sessionTTL, time.Now)}
+
+// sessionRegistry names sessions from this process's registry, or with the
+// redis state from the one shared in Redis (SPEC §17), so that a session id
+// stays the same whichever instance serves the next turn. Only requests
+// that compute a session header get here, so only they pay the round trip
+// (one script call, bounded by the state timeout).
+//
+// The local registry records every id Redis chose, and answers alone when
+// Redis cannot: while the fleet is unhealthy (no call at all) and when the
+// call fails or times out. A failed call counts in
+// llm_proxy_state_errors_total and is logged at ERROR once per transition,
+// but it does not switch the instance's accounting to its fallback (the
+// claims and renewals find an unreachable Redis themselves): a session id
+// is never worth a 503, under on_state_error reject as well.
+type sessionRegistry struct {
+	local   *transform.Sessions
+	failing atomic.Bool // the last shared call failed
+}
+
+// ID returns the session id of a final outgoing body and records its
+// history, as transform.Sessions.ID does.
+func (r *sessionRegistry) ID(body []byte) string {
+	f := activeFleet.Load()
+	if f == nil || !f.healthy.Load() {
+		return r.local.ID(body)
+	}
+	h := transform.NewHistory(body)
+	if h.Empty() {
+		return h.Candidate
+	}
+	keys := h.Keys(make([]string, 0, 16), f.store.SessionKeyPrefix())
+	id, err := f.store.Session(context.Background(), keys, h.Candidate, sessionTTL)
+	if err != nil {
+		stateErrors.Inc()
+		if r.failing.CompareAndSwap(false, true) {
+			f.logger.Error("shared session registry unreachable, session ids from this instance's registry",
+				zap.String("backend", "redis"), zap.String("address", f.address), zap.Error(err))
+		}
+		return r.local.Resolve(h)
+	}
+	if r.failing.CompareAndSwap(true, false) {
+		f.logger.Warn("shared session registry reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
+	}
+	r.local.Record(h, id)
+	return id
+}
+
+// Len returns the number of sessions in this process's registry.
+func (r *sessionRegistry) Len() int { return r.local.Len() }
