@@ -120,3 +120,27 @@ func BenchmarkSession(b *testing.B) {
 		})
 	}
 }
+
+// A Redis that does not answer holds a session call no longer than the
+// timeout; the caller then names the session from its own registry.
+func TestSessionBoundedByTimeout(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := Open(Options{Address: addr, Prefix: "x:", Timeout: 50 * time.Millisecond, LeaseTTL: time.Second}, "a")
+	defer s.Close()
+	keys := sessKeys(s, "slow", 4)
+	if _, err := s.Session(ctx, keys, "warm", time.Hour); err != nil { // connected, script loaded
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	if err := c.Do(ctx, "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Do(ctx, "CLIENT", "UNPAUSE")
+	start := time.Now()
+	_, err := s.Session(ctx, keys, "cand", time.Hour)
+	if d := time.Since(start); err == nil || d > time.Second {
+		t.Fatalf("session call on a paused Redis: %v after %v; want an error within the 50ms timeout", err, d)
+	}
+}
