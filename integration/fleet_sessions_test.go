@@ -153,3 +153,28 @@ func TestFleetSessionFailureIsNeverA503(t *testing.T) {
 		t.Errorf("session keys written despite the ACL: %v", k)
 	}
 }
+
+// An id in Redis that is no header value (a Redis written to by someone
+// else) is not sent: the request is served with the local registry's id.
+func TestFleetSessionBadIDFromRedisIsNotSent(t *testing.T) {
+	rs := startRedis(t)
+	up := newUpstream(t, nil)
+	p := startProxy(t, sessionConfig(up, rs.addr))
+	eventually(t, 10*time.Second, "redis state healthy", func() bool {
+		_, body := p.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":true}`)
+	})
+	id := sessionOf(t, p, up, sessTurn1)
+	c := rs.client()
+	defer c.Close()
+	if err := c.Set(context.Background(), "t:sess:"+id, "evil\r\nX-Injected: 1", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := sessionOf(t, p, up, sessTurn2); got != id {
+		t.Errorf("turn 2: session %q, want the local registry's %q", got, id)
+	}
+	calls := up.Calls()
+	if h := calls[len(calls)-1].Header.Get("X-Injected"); h != "" {
+		t.Errorf("a header was injected through the registry: %q", h)
+	}
+}

@@ -2,6 +2,7 @@ package llmroute
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,9 @@ func (r *sessionRegistry) ID(body []byte) string {
 	}
 	keys := h.Keys(make([]string, 0, 16), f.store.SessionKeyPrefix())
 	id, err := f.store.Session(context.Background(), keys, h.Candidate, sessionTTL)
+	if err == nil && !validHeaderValue(id) {
+		err = errors.New("redis: the session registry holds an id that is no header value")
+	}
 	if err != nil {
 		stateErrors.Inc()
 		if r.failing.CompareAndSwap(false, true) {
