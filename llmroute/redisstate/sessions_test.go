@@ -3,6 +3,7 @@ package redisstate
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,8 +43,8 @@ func TestSessionLongestPrefixWinsAndTTL(t *testing.T) {
 		t.Fatalf("with k[2] known as second and k[3] as first: %q, %v; want second (the longest)", id, err)
 	}
 	for i, key := range k {
-		if v, _ := c.Get(ctx, key).Result(); v != "second" {
-			t.Errorf("prefix %d recorded as %q, want second", i, v)
+		if v, _ := c.Get(ctx, key).Result(); !strings.HasSuffix(v, " second") {
+			t.Errorf("prefix %d recorded as %q, want \"<time> second\"", i, v)
 		}
 		// The TTL is set on new keys and refreshed on known ones (k[2] had
 		// a minute).
@@ -57,6 +58,50 @@ func TestSessionLongestPrefixWinsAndTTL(t *testing.T) {
 	}
 	if id, err := a.Session(ctx, nil, "lone", ttl); err != nil || id != "lone" {
 		t.Errorf("no prefixes: %q, %v; want the candidate without a call", id, err)
+	}
+}
+
+// A prefix recorded under the id a moment ago is not written again (its
+// TTL runs on); once ttl/64 old it is, with the full TTL again.
+func TestSessionRefreshesStalePrefixesOnly(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	a := open(addr, "a", time.Second)
+	defer a.Close()
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	k := sessKeys(a, "r", 3)
+	pttl := func(key string) time.Duration { return c.PTTL(ctx, key).Val() }
+
+	const long = 6 * time.Hour // stale after about 337 s
+	if _, err := a.Session(ctx, k[1:], "id", long); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if id, err := a.Session(ctx, k, "other", long); err != nil || id != "id" {
+		t.Fatalf("next turn: %q, %v", id, err)
+	}
+	if d := pttl(k[0]); d < long-100*time.Millisecond {
+		t.Errorf("the new prefix's TTL = %v, want about %v", d, long)
+	}
+	for _, key := range k[1:] {
+		if d := pttl(key); d > long-200*time.Millisecond {
+			t.Errorf("a fresh prefix was written again: TTL %v, want below %v", d, long-200*time.Millisecond)
+		}
+	}
+
+	const short = 64 * time.Second // stale after 1 s
+	if _, err := a.Session(ctx, k, "id", short); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := a.Session(ctx, k, "id", short); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range k {
+		if d := pttl(key); d < short-500*time.Millisecond || d > short {
+			t.Errorf("a stale prefix was not rewritten: TTL %v, want about %v", d, short)
+		}
 	}
 }
 
@@ -101,19 +146,39 @@ func TestSessionConcurrentFirstTurnsGetOneID(t *testing.T) {
 }
 
 // BenchmarkSession is what a request with a session header pays on the
-// redis state: one script call, for a short history and for the 128
-// prefixes a request records at most.
+// redis state: one script call. new: a conversation's first request, every
+// prefix written; next-turn: the steady state, where the history is known
+// and only the newest prefix is written.
 func BenchmarkSession(b *testing.B) {
 	addr := startRedis(b)
 	s := open(addr, "bench", 30*time.Second)
 	defer s.Close()
 	ctx := context.Background()
 	for _, n := range []int{8, 128} {
-		keys := sessKeys(s, "bench", n)
-		b.Run(fmt.Sprintf("prefixes=%d", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("new/prefixes=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
+			conv := 0
 			for b.Loop() {
+				b.StopTimer()
+				conv++
+				keys := sessKeys(s, fmt.Sprint("new", n, "-", conv), n)
+				b.StartTimer()
 				if id, err := s.Session(ctx, keys, "cand", 6*time.Hour); err != nil || id != "cand" {
+					b.Fatal(id, err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("next-turn/prefixes=%d", n), func(b *testing.B) {
+			keys := sessKeys(s, fmt.Sprint("turn", n), n)
+			if _, err := s.Session(ctx, keys[1:], "cand", 6*time.Hour); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			turn := 0
+			for b.Loop() {
+				turn++
+				keys[0] = fmt.Sprintf("%sturn-%d", s.SessionKeyPrefix(), turn)
+				if id, err := s.Session(ctx, keys, "other", 6*time.Hour); err != nil || id != "cand" {
 					b.Fatal(id, err)
 				}
 			}
