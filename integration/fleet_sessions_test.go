@@ -167,7 +167,7 @@ func TestFleetSessionBadIDFromRedisIsNotSent(t *testing.T) {
 	id := sessionOf(t, p, up, sessTurn1)
 	c := rs.client()
 	defer c.Close()
-	if err := c.Set(context.Background(), "t:sess:"+id, "evil\r\nX-Injected: 1", time.Hour).Err(); err != nil {
+	if err := c.Set(context.Background(), "t:sess:"+id, "1700000000 evil\r\nX-Injected: 1", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if got := sessionOf(t, p, up, sessTurn2); got != id {

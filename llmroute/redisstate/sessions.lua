@@ -19,8 +19,9 @@ for i = 1, #KEYS do
   local v = vals[i]
   if v then
     local sp = string.find(v, ' ', 1, true)
-    if sp then
-      ats[i], ids[i] = tonumber(string.sub(v, 1, sp - 1)), string.sub(v, sp + 1)
+    local at = sp and tonumber(string.sub(v, 1, sp - 1))
+    if at then
+      ats[i], ids[i] = at, string.sub(v, sp + 1)
     else
       ids[i] = v
     end
