@@ -312,3 +312,26 @@ func TestSessionsHistoryRecordResolve(t *testing.T) {
 		t.Errorf("keys of a 201-message history = %d, want %d", n, maxPrefixesPerSession)
 	}
 }
+
+// FuzzSessionsHistory: NewHistory agrees with ID (the candidate is what a
+// fresh registry names the body), never panics, and an id recorded for a
+// history is what Resolve answers for it afterwards.
+func FuzzSessionsHistory(f *testing.F) {
+	f.Add([]byte(body(sys, u1, a1, u2)))
+	f.Add([]byte(`{"messages":[1,"x",null,{"role":"user"}]}`))
+	f.Add([]byte(`{"model":"m"}`))
+	s := NewSessions(8, 0, nil)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h := NewHistory(b)
+		if want := NewSessions(8, 0, nil).ID(b); h.Candidate != want {
+			t.Fatalf("candidate %q, ID %q", h.Candidate, want)
+		}
+		if n := len(h.Keys(nil, "")); n > maxPrefixesPerSession || (n == 0) != h.Empty() {
+			t.Fatalf("%d keys, empty %v", n, h.Empty())
+		}
+		s.Record(h, "chosen-elsewhere")
+		if got := s.Resolve(h); !h.Empty() && got != "chosen-elsewhere" {
+			t.Fatalf("resolve after record = %q", got)
+		}
+	})
+}
