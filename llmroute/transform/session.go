@@ -61,7 +61,8 @@ type prefixKey [16]byte
 // instance answers from its own copy, and a conversation that began there
 // meanwhile may get a second id. It holds at most maxSessions sessions
 // (least recently used evicted first, with all their prefixes) for at most
-// ttl since their last use; Redis keeps each prefix ttl since its last use.
+// ttl since their last use; Redis keeps each prefix for ttl from its last
+// use, give or take ttl/64 (a prefix is rewritten at most that often).
 //
 // A body without messages gets the hash of the body itself, unrecorded; one
 // without a user message is chained from its first message. ID never returns
