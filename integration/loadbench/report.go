@@ -15,6 +15,7 @@ type results struct {
 	runs          []map[string][]runResult // [scenario][kind][round]
 	peakRSSKB     map[string]int64
 	profileErrors int64
+	noscript      map[string]bool // redis commands a script cannot run (redis.go)
 }
 
 func newResults(scs []scenario, rounds int) *results {
@@ -48,6 +49,7 @@ type runEnv struct {
 	cfg                          *config
 	goVersion                    string
 	selfCPUs, llmCPUs, plainCPUs string
+	redisCPUs, redisVersion      string // the redis scenarios only
 	loadStart, loadEnd           string
 	reqBytes, respBytes          int
 }
@@ -62,6 +64,24 @@ func (x runResult) cpuPerReq() float64 { // ms
 	}
 	return ms(x.proxyCPU) / float64(x.requests)
 }
+
+// stateCPUPerReq is redis-server's CPU per request in ms (redis scenarios).
+func (x runResult) stateCPUPerReq() float64 {
+	if x.requests == 0 {
+		return math.NaN()
+	}
+	return ms(x.stateCPU) / float64(x.requests)
+}
+
+// totalCPUPerReq is Caddy's and redis-server's CPU per request in ms.
+func (x runResult) totalCPUPerReq() float64 {
+	if x.requests == 0 {
+		return math.NaN()
+	}
+	return ms(x.proxyCPU+x.stateCPU) / float64(x.requests)
+}
+
+func (x runResult) stateUtil() float64 { return 100 * x.stateCPU.Seconds() / x.wall.Seconds() }
 
 func (x runResult) proxyUtil() float64 { return 100 * x.proxyCPU.Seconds() / x.wall.Seconds() }
 func (x runResult) selfUtil() float64  { return 100 * x.selfCPU.Seconds() / x.wall.Seconds() }
@@ -152,6 +172,20 @@ func (r *results) pairedDiff(sc int, f func(runResult) float64) []float64 {
 	return out
 }
 
+// crossRatio returns f(llm_route in scenario a)/f(llm_route in scenario b)
+// per round, nil when either did not run.
+func (r *results) crossRatio(a, b string, f func(runResult) float64) []float64 {
+	ai, bi := r.index(a), r.index(b)
+	if ai < 0 || bi < 0 {
+		return nil
+	}
+	v := make([]float64, r.rounds)
+	for k := range v {
+		v[k] = f(r.runs[ai][kindLLM][k]) / f(r.runs[bi][kindLLM][k])
+	}
+	return v
+}
+
 // medianOf is the median over rounds of f for one scenario and target.
 func (r *results) medianOf(sc int, kind string, f func(runResult) float64) float64 {
 	var v []float64
@@ -234,7 +268,7 @@ func (r *results) budgets() []budget {
 		b := budget{name: "proxy CPU/req ratio, " + class.label + " (worst of its scenarios)", limit: "≤ 1.25"}
 		worst, which := math.Inf(-1), ""
 		for i, s := range r.scs {
-			if s.mode == class.mode {
+			if s.mode == class.mode && s.state == "" {
 				if m := median(r.paired(i, cpu)); m > worst {
 					worst, which = m, s.name
 				}
@@ -273,6 +307,19 @@ func (r *results) budgets() []budget {
 			}
 			m := median(v)
 			b.measured, b.pass, b.known = ratioCell(v), m <= s.cpuLimit, !math.IsNaN(m)
+		}
+		out = append(out, b)
+	}
+	// 3c. The shared state: llm_route with state redis against the memory
+	// llm_route, req/s in the same round.
+	for _, s := range r.scs {
+		if s.rpsMin == 0 {
+			continue
+		}
+		b := budget{name: fmt.Sprintf("llm_route req/s %s ÷ %s (memory)", s.name, s.memory), limit: fmt.Sprintf("≥ %.1f", s.rpsMin)}
+		if v := r.crossRatio(s.name, s.memory, runResult.rps); v != nil {
+			m := median(v)
+			b.measured, b.pass, b.known = ratioCell(v), m >= s.rpsMin, !math.IsNaN(m)
 		}
 		out = append(out, b)
 	}
@@ -448,6 +495,8 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 		w("\n**Generator-bound** (its core ≥ 90 %% while the proxy's was < 90 %%): %s — req/s ratios there understate the proxy difference; CPU/req still holds.\n",
 			strings.Join(genBound, ", "))
 	}
+
+	renderShared(w, env, r)
 
 	if r.totalErrors() > 0 {
 		w("\n## Errors\n\n| scenario | target | count | kind |\n|---|---|---:|---|\n")
