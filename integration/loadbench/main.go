@@ -238,6 +238,19 @@ func run(c *config) (int, error) {
 			}
 			profiles[t.kind+" allocations (whole run; -sample_index=alloc_space)"] = path
 		}
+		// The llm_route with state redis under its non-stream scenario:
+		// where its extra CPU per request goes.
+		if sc, ok := findScenario(scs, "redis-nonstream-64"); ok {
+			path := filepath.Join(outDir, fmt.Sprintf("cpu-%s-%s.pprof", kindRedisName, sc.name))
+			res, err := profileRun(p, llmRedis, up, sc, c.profile, path)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "loadbench: profile %s %s: %v\n", kindRedisName, sc.name, err)
+			} else {
+				results.profileErrors += res.errors
+				profiles[kindRedisName+" "+sc.name] = path
+				fmt.Fprintf(os.Stderr, "profile %-15s %-13s %s -> %s\n", sc.name, kindRedisName, res.oneLine(), path)
+			}
+		}
 	}
 
 	for _, t := range []*proxyProc{llm, plain, llmRedis} {
