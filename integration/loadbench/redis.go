@@ -161,7 +161,9 @@ func stateErrors(admin string) (float64, error) {
 			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
 		}
 	}
-	return 0, nil // not yet registered or never incremented
+	// llm_route registers it with every config: without it the run could
+	// not tell a Redis measurement from a local fallback.
+	return 0, fmt.Errorf("no llm_proxy_state_errors_total in %s/metrics", admin)
 }
 
 // getBody GETs url and returns its body (status 200 only).

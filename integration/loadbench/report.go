@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -416,6 +417,9 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	}
 	if i := r.index("think-split-64"); i >= 0 {
 		w("\nthink-split-64: llm_route splits `<think>` into reasoning_content; reverse_proxy passes the same stream through, so its ratio is the price of the rewrite, not a like-for-like comparison.\n")
+	}
+	if slices.ContainsFunc(r.scs, func(s scenario) bool { return s.state == "redis" }) {
+		w("\nredis-* scenarios: the llm_route side is the Caddy with `state redis`; its proxy CPU here is Caddy's alone (redis-server's and the sum are in \"Shared state in Redis\" below).\n")
 	}
 	for _, s := range r.scs {
 		if isFrontMode(s.mode) {
