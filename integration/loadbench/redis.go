@@ -213,6 +213,18 @@ func (r *redisProc) version() string {
 	return "?"
 }
 
+// roundsWithStateErrors counts the rounds of scenario i in which the
+// llm_route with state redis had a failed or timed-out Redis call.
+func (r *results) roundsWithStateErrors(i int) int {
+	n := 0
+	for _, x := range r.runs[i][kindLLM] {
+		if x.stateErrs > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // renderShared is the report's section on the redis scenarios: CPU of
 // Caddy and of redis-server apart and summed, against the memory llm_route
 // and reverse_proxy of the same run, and the commands Redis ran per request.
@@ -269,6 +281,20 @@ func renderShared(w func(string, ...any), env runEnv, r *results) {
 			ratioCell(r.paired(i, runResult.rps)),
 			ratioCell(r.paired(i, runResult.totalCPUPerReq)))
 	}
+	w("\nreq/s only compares proxies that are CPU-bound (Caddy core %% near 100, or Caddy + redis core %% near 100 with Redis pinned with it). ")
+	w("When they are not (a shared machine), the CPU ratio is the stable figure, and its inverse is the throughput ratio at one saturated core: ")
+	var caps []string
+	for _, i := range shared {
+		s := r.scs[i]
+		if v := r.crossRatio(s.name, s.memory, runResult.totalCPUPerReq); v != nil {
+			caps = append(caps, fmt.Sprintf("%s %.2f× %s (Caddy's CPU alone: %.2f×)", s.name, 1/median(v), s.memory,
+				1/median(r.crossRatio(s.name, s.memory, runResult.cpuPerReq))))
+		}
+	}
+	if len(caps) == 0 {
+		caps = append(caps, "(memory scenarios not run)")
+	}
+	w("%s.\n", strings.Join(caps, ", "))
 
 	w("\nCommands redis-server ran per request (INFO commandstats before the warm-up and after the last response of each run, ÷ every request of those runs, all rounds). ")
 	w("A round trip is a call of a command Redis flags `noscript` (a script cannot run it: EVALSHA, EVAL, SUBSCRIBE, HELLO…); the others ran inside those scripts (or were sent on their own):\n\n")

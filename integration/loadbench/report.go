@@ -110,8 +110,12 @@ func (x runResult) oneLine() string {
 	if len(x.ttfe) > 0 {
 		s += fmt.Sprintf("  ttfe %6.2f ms", x.ttfeP(0.5))
 	}
-	return s + fmt.Sprintf("  cpu %.3f ms/req  proxy %3.0f%%  gen %3.0f%%  upconns %d  max %.0f ms  errors %d",
+	s += fmt.Sprintf("  cpu %.3f ms/req  proxy %3.0f%%  gen %3.0f%%  upconns %d  max %.0f ms  errors %d",
 		x.cpuPerReq(), x.proxyUtil(), x.selfUtil(), x.upConns, ms(x.maxLat), x.errors)
+	if x.stateCmds != nil {
+		s += fmt.Sprintf("  redis cpu %.3f ms/req  state errors %.0f", x.stateCPUPerReq(), x.stateErrs)
+	}
+	return s
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -321,6 +325,10 @@ func (r *results) budgets() []budget {
 		if v := r.crossRatio(s.name, s.memory, runResult.rps); v != nil {
 			m := median(v)
 			b.measured, b.pass, b.known = ratioCell(v), m >= s.rpsMin, !math.IsNaN(m)
+			// A round with state errors ran partly on local accounting.
+			if n := r.roundsWithStateErrors(r.index(s.name)); n > 0 {
+				b.measured += fmt.Sprintf(" — %d of %d rounds had state errors (partly local, not Redis)", n, r.rounds)
+			}
 		}
 		out = append(out, b)
 	}
