@@ -79,6 +79,7 @@ type runResult struct {
 	stateCPU  time.Duration
 	stateCmds map[string]int64
 	stateErrs float64
+	onRedis   bool // healthy at the start and no state error: on Redis throughout
 }
 
 // loadRun drives one target with one scenario: warm-up, then a measured

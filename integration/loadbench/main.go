@@ -293,7 +293,13 @@ func redisCPU(c *config) string {
 // redis-server's command counters and llm_route's state errors before the
 // first request and after the last, so the commands divide by every request
 // of the run (warm-up included) and nothing in flight is cut in two.
+//
+// A fallback to local accounting started by an earlier run lasts until the
+// instance's next lease renewal (up to lease_ttl/3): it waits for that
+// first, so each run starts on Redis. The run is on Redis throughout when
+// it started healthy and had no state error (only an error leaves Redis).
 func runShared(lr *loadRun, rds *redisProc, warmup, window time.Duration) (runResult, error) {
+	healthy := waitHealthy(lr.target.admin, 15*time.Second)
 	calls0, err := rds.commandCalls()
 	if err != nil {
 		return runResult{}, err
@@ -316,6 +322,7 @@ func runShared(lr *loadRun, rds *redisProc, warmup, window time.Duration) (runRe
 	}
 	res.stateCmds = commandDelta(calls0, calls1)
 	res.stateErrs = errs1 - errs0
+	res.onRedis = healthy && res.stateErrs == 0
 	return res, nil
 }
 

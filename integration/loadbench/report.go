@@ -113,7 +113,7 @@ func (x runResult) oneLine() string {
 	s += fmt.Sprintf("  cpu %.3f ms/req  proxy %3.0f%%  gen %3.0f%%  upconns %d  max %.0f ms  errors %d",
 		x.cpuPerReq(), x.proxyUtil(), x.selfUtil(), x.upConns, ms(x.maxLat), x.errors)
 	if x.stateCmds != nil {
-		s += fmt.Sprintf("  redis cpu %.3f ms/req  state errors %.0f", x.stateCPUPerReq(), x.stateErrs)
+		s += fmt.Sprintf("  redis cpu %.3f ms/req  state errors %.0f  on redis %v", x.stateCPUPerReq(), x.stateErrs, x.onRedis)
 	}
 	return s
 }
@@ -323,11 +323,17 @@ func (r *results) budgets() []budget {
 		}
 		b := budget{name: fmt.Sprintf("llm_route req/s %s ÷ %s (memory)", s.name, s.memory), limit: fmt.Sprintf("≥ %.1f", s.rpsMin)}
 		if v := r.crossRatio(s.name, s.memory, runResult.rps); v != nil {
+			// A round with state errors ran partly on local accounting, not
+			// on Redis: it does not count (none left: no verdict).
+			for k, x := range r.runs[r.index(s.name)][kindLLM] {
+				if !x.onRedis {
+					v[k] = math.NaN()
+				}
+			}
 			m := median(v)
 			b.measured, b.pass, b.known = ratioCell(v), m >= s.rpsMin, !math.IsNaN(m)
-			// A round with state errors ran partly on local accounting.
-			if n := r.roundsWithStateErrors(r.index(s.name)); n > 0 {
-				b.measured += fmt.Sprintf(" — %d of %d rounds had state errors (partly local, not Redis)", n, r.rounds)
+			if n := r.roundsOffRedis(r.index(s.name)); n > 0 {
+				b.measured += fmt.Sprintf(" — %d of %d rounds left out: not on Redis throughout (state errors, local accounting)", n, r.rounds)
 			}
 		}
 		out = append(out, b)
