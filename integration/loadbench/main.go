@@ -12,7 +12,8 @@
 // targets in turn (the order alternates) with a closed loop of N keep-alive
 // connections: warm-up, then a measured window. Every response is validated;
 // errors are reported, and make the exit status 1. Budget misses are only
-// reported.
+// reported. The redis scenarios (redis.go) add a redis-server and a third
+// Caddy, llm_route with `state redis`, which takes the llm_route side there.
 package main
 
 import (
