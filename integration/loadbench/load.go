@@ -27,6 +27,13 @@ type scenario struct {
 	// front scenarios' budgets, issues #11 and #12).
 	base     string
 	cpuLimit float64
+	// state "redis": llm_route runs with `state redis` against the
+	// benchmark's redis-server (redis.go); memory names the scenario of the
+	// memory llm_route it is compared with, and rpsMin its budget: req/s at
+	// least rpsMin × the memory scenario's (issue #16).
+	state  string
+	memory string
+	rpsMin float64
 }
 
 // scenarios are the six of issue #7 and the four front scenarios, in run
@@ -43,6 +50,10 @@ var scenarios = []scenario{
 	{name: "messages-native-nonstream-64", mode: modeMsgNonStream, conns: 64, base: "nonstream-64", cpuLimit: 1.1},
 	{name: "messages-translated-64", mode: modeMsgTranslated, conns: 64, base: "stream-64", cpuLimit: 1.5},
 	{name: "responses-translated-64", mode: modeRespTransl, conns: 64, base: "stream-64", cpuLimit: 1.5},
+	// The shared state in Redis (redis.go), at the memory scenarios'
+	// concurrency.
+	{name: "redis-nonstream-64", mode: modeNonStream, conns: 64, state: "redis", memory: "nonstream-64", rpsMin: 0.7},
+	{name: "redis-stream-64", mode: modeStream, conns: 64, state: "redis", memory: "stream-64"},
 }
 
 // streams reports whether a mode's answer is an event stream.
@@ -61,6 +72,14 @@ type runResult struct {
 	upConns  int64           // TCP connections the upstream accepted in the window
 	all      int64           // valid responses in any phase (warm-up, window, tail)
 	maxLat   time.Duration   // slowest valid response in any phase (stall detector)
+
+	// The redis scenarios only: redis-server's CPU over the window, the
+	// commands it ran over the whole run (warm-up to the last response, so
+	// they divide by all+errors), and llm_route's state errors meanwhile.
+	stateCPU  time.Duration
+	stateCmds map[string]int64
+	stateErrs float64
+	onRedis   bool // healthy at the start and no state error: on Redis throughout
 }
 
 // loadRun drives one target with one scenario: warm-up, then a measured
@@ -71,6 +90,9 @@ type loadRun struct {
 	target *proxyProc
 	up     *fakeUpstream
 	sc     scenario
+	// statePID is redis-server's in the redis scenarios: its CPU is read
+	// at the same instants as the proxy's.
+	statePID string
 
 	body   []byte
 	header http.Header
@@ -157,6 +179,7 @@ func (lr *loadRun) run(warmup, window time.Duration) (runResult, error) {
 		return runResult{}, err
 	}
 	self0, _ := procCPU("self")
+	state0 := lr.stateCPU()
 	conns0 := lr.up.conns.Load()
 	start := time.Now()
 	lr.measuring.Store(true)
@@ -167,6 +190,7 @@ func (lr *loadRun) run(warmup, window time.Duration) (runResult, error) {
 	wall := time.Since(start)
 	cpu1, err := procCPU(lr.target.pid)
 	self1, _ := procCPU("self")
+	state1 := lr.stateCPU()
 	conns1 := lr.up.conns.Load()
 	lr.stop.Store(true)
 	wg.Wait()
@@ -181,8 +205,18 @@ func (lr *loadRun) run(warmup, window time.Duration) (runResult, error) {
 	r.wall = wall
 	r.proxyCPU = cpu1 - cpu0
 	r.selfCPU = self1 - self0
+	r.stateCPU = state1 - state0
 	r.upConns = conns1 - conns0
 	return r, nil
+}
+
+// stateCPU is redis-server's CPU so far, 0 without one.
+func (lr *loadRun) stateCPU() time.Duration {
+	if lr.statePID == "" {
+		return 0
+	}
+	d, _ := procCPU(lr.statePID)
+	return d
 }
 
 // worker is one client connection's closed loop.

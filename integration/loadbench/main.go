@@ -12,7 +12,8 @@
 // targets in turn (the order alternates) with a closed loop of N keep-alive
 // connections: warm-up, then a measured window. Every response is validated;
 // errors are reported, and make the exit status 1. Budget misses are only
-// reported.
+// reported. The redis scenarios (redis.go) add a redis-server and a third
+// Caddy, llm_route with `state redis`, which takes the llm_route side there.
 package main
 
 import (
@@ -23,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -36,6 +38,7 @@ type config struct {
 	rounds      int
 	quick       bool
 	proxyCPU    string
+	redisCPU    string
 	scenarios   string
 	profile     time.Duration
 	plainIdle   int
@@ -53,6 +56,7 @@ func parseFlags() *config {
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds; the order of the two targets alternates")
 	flag.BoolVar(&c.quick, "quick", false, "smoke run: -duration 1s -warmup 300ms -rounds 2 unless set explicitly")
 	flag.StringVar(&c.proxyCPU, "proxy-cpu", "", "CPU list to pin both Caddy processes to with taskset (empty: no pinning)")
+	flag.StringVar(&c.redisCPU, "redis-cpu", "proxy", "CPU list to pin redis-server to in the redis scenarios: proxy (the proxies' CPUs, default), none, or a list")
 	flag.StringVar(&c.scenarios, "scenarios", "all", "comma-separated scenario names to run, or all")
 	flag.DurationVar(&c.profile, "profile", 0, "if > 0, afterwards capture CPU profiles of this length from both proxies' /debug/pprof")
 	flag.IntVar(&c.plainIdle, "plain-idle", 1024, "reverse_proxy keep_alive.max_idle_conns_per_host (llm_route uses 1024; 0 = Caddy's default 32)")
@@ -114,17 +118,41 @@ func run(c *config) (int, error) {
 	}
 	defer up.close()
 
-	llm, err := startProxy(c.caddyBin, outDir, kindLLM, c.proxyCPU, llmHandler(up.url))
+	llm, err := startProxy(c.caddyBin, outDir, kindLLM, kindLLM, c.proxyCPU, llmHandler(up.url))
 	if err != nil {
 		return 0, err
 	}
 	defer llm.stop()
-	plain, err := startProxy(c.caddyBin, outDir, kindPlain, c.proxyCPU, plainHandler(up.addr, c.plainIdle))
+	plain, err := startProxy(c.caddyBin, outDir, kindPlain, kindPlain, c.proxyCPU, plainHandler(up.addr, c.plainIdle))
 	if err != nil {
 		return 0, err
 	}
 	defer plain.stop()
 	targets := []*proxyProc{llm, plain}
+
+	// The redis scenarios' llm_route and redis-server, only when one runs.
+	var rds *redisProc
+	var llmRedis *proxyProc
+	if slices.ContainsFunc(scs, func(s scenario) bool { return s.state == "redis" }) {
+		if rds, err = startRedis(outDir, redisCPU(c)); err != nil {
+			return 0, err
+		}
+		defer rds.stop()
+		if llmRedis, err = startProxy(c.caddyBin, outDir, kindLLM, kindRedisName, c.proxyCPU, redisHandler(up.url, rds.addr)); err != nil {
+			return 0, err
+		}
+		defer llmRedis.stop()
+		if err := rds.waitShared(10 * time.Second); err != nil {
+			return 0, fmt.Errorf("%v; see %s", err, llmRedis.log)
+		}
+	}
+	// llmFor is the llm_route process a scenario drives.
+	llmFor := func(sc scenario) *proxyProc {
+		if sc.state == "redis" {
+			return llmRedis
+		}
+		return llm
+	}
 
 	env := runEnv{
 		start:     time.Now(),
@@ -140,9 +168,15 @@ func run(c *config) (int, error) {
 	fmt.Fprintf(os.Stderr, "loadbench: upstream %s, llm_route %s (pid %s, cpus %s), reverse_proxy %s (pid %s, cpus %s), generator cpus %s\n",
 		up.url, llm.url, llm.pid, env.llmCPUs, plain.url, plain.pid, env.plainCPUs, env.selfCPUs)
 
+	if rds != nil {
+		env.redisCPUs, env.redisVersion = cpusAllowed(rds.pid), rds.version()
+		fmt.Fprintf(os.Stderr, "loadbench: llm_route with state redis %s (pid %s), redis-server %s (pid %s, cpus %s)\n",
+			llmRedis.url, llmRedis.pid, rds.addr, rds.pid, env.redisCPUs)
+	}
+
 	// Pre-flight: one valid response of every scenario from both, or stop.
-	for _, t := range targets {
-		for _, sc := range scs {
+	for _, sc := range scs {
+		for _, t := range []*proxyProc{llmFor(sc), plain} {
 			if err := probeOnce(p, t, up, sc); err != nil {
 				fmt.Fprintln(os.Stderr, "loadbench: pre-flight failed:", err)
 				return 1, nil
@@ -151,20 +185,30 @@ func run(c *config) (int, error) {
 	}
 
 	results := newResults(scs, c.rounds)
+	if rds != nil {
+		results.noscript = rds.noscript
+	}
 	for r := 0; r < c.rounds; r++ {
 		for i, sc := range scs {
-			order := targets
+			order := []*proxyProc{llmFor(sc), plain}
 			if (r+i)%2 == 1 {
-				order = []*proxyProc{plain, llm}
+				order = []*proxyProc{plain, llmFor(sc)}
 			}
 			for _, t := range order {
 				lr := newLoadRun(p, t, up, sc)
-				res, err := lr.run(c.warmup, c.duration)
+				var res runResult
+				var err error
+				if t == llmRedis {
+					lr.statePID = rds.pid
+					res, err = runShared(lr, rds, c.warmup, c.duration)
+				} else {
+					res, err = lr.run(c.warmup, c.duration)
+				}
 				if err != nil {
-					return 0, fmt.Errorf("%s %s: %v", t.kind, sc.name, err)
+					return 0, fmt.Errorf("%s %s: %v", t.name, sc.name, err)
 				}
 				results.add(i, t.kind, r, res)
-				fmt.Fprintf(os.Stderr, "round %d/%d %-15s %-13s %s\n", r+1, c.rounds, sc.name, t.kind, res.oneLine())
+				fmt.Fprintf(os.Stderr, "round %d/%d %-15s %-15s %s\n", r+1, c.rounds, sc.name, t.name, res.oneLine())
 			}
 		}
 	}
@@ -195,14 +239,30 @@ func run(c *config) (int, error) {
 			}
 			profiles[t.kind+" allocations (whole run; -sample_index=alloc_space)"] = path
 		}
+		// The llm_route with state redis under its non-stream scenario:
+		// where its extra CPU per request goes.
+		if sc, ok := findScenario(scs, "redis-nonstream-64"); ok {
+			path := filepath.Join(outDir, fmt.Sprintf("cpu-%s-%s.pprof", kindRedisName, sc.name))
+			res, err := profileRun(p, llmRedis, up, sc, c.profile, path)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "loadbench: profile %s %s: %v\n", kindRedisName, sc.name, err)
+			} else {
+				results.profileErrors += res.errors
+				profiles[kindRedisName+" "+sc.name] = path
+				fmt.Fprintf(os.Stderr, "profile %-15s %-13s %s -> %s\n", sc.name, kindRedisName, res.oneLine(), path)
+			}
+		}
 	}
 
-	for _, t := range targets {
+	for _, t := range []*proxyProc{llm, plain, llmRedis} {
+		if t == nil {
+			continue
+		}
 		hwm, err := procStatusKB(t.pid, "VmHWM")
 		if err != nil {
 			return 0, err
 		}
-		results.peakRSSKB[t.kind] = hwm
+		results.peakRSSKB[t.name] = hwm
 	}
 
 	env.loadEnd = loadAvg()
@@ -216,6 +276,55 @@ func run(c *config) (int, error) {
 		return 1, nil
 	}
 	return 0, nil
+}
+
+// redisCPU is the CPU list redis-server is pinned to: -redis-cpu, where
+// "proxy" means the proxies' (none when they are not pinned either).
+func redisCPU(c *config) string {
+	switch c.redisCPU {
+	case "proxy":
+		return c.proxyCPU
+	case "none", "":
+		return ""
+	}
+	return c.redisCPU
+}
+
+// runShared is lr.run for the llm_route with state redis: it also reads
+// redis-server's command counters and llm_route's state errors before the
+// first request and after the last, so the commands divide by every request
+// of the run (warm-up included) and nothing in flight is cut in two.
+//
+// A fallback to local accounting started by an earlier run lasts until the
+// instance's next lease renewal (up to lease_ttl/3): it waits for that
+// first, so each run starts on Redis. The run is on Redis throughout when
+// it started healthy and had no state error (only an error leaves Redis).
+func runShared(lr *loadRun, rds *redisProc, warmup, window time.Duration) (runResult, error) {
+	healthy := waitHealthy(lr.target.admin, 15*time.Second)
+	calls0, err := rds.commandCalls()
+	if err != nil {
+		return runResult{}, err
+	}
+	errs0, err := stateErrors(lr.target.admin)
+	if err != nil {
+		return runResult{}, err
+	}
+	res, err := lr.run(warmup, window)
+	if err != nil {
+		return res, err
+	}
+	calls1, err := rds.commandCalls()
+	if err != nil {
+		return res, err
+	}
+	errs1, err := stateErrors(lr.target.admin)
+	if err != nil {
+		return res, err
+	}
+	res.stateCmds = commandDelta(calls0, calls1)
+	res.stateErrs = errs1 - errs0
+	res.onRedis = healthy && res.stateErrs == 0
+	return res, nil
 }
 
 // selectScenarios filters the scenario list by name.

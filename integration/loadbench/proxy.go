@@ -23,6 +23,7 @@ const (
 // proxyProc is one running Caddy process.
 type proxyProc struct {
 	kind  string
+	name  string // kind, or kindRedisName for the llm_route with state redis
 	cmd   *exec.Cmd
 	pid   string
 	url   string // http://127.0.0.1:port
@@ -96,7 +97,9 @@ func plainHandler(upstreamAddr string, idlePerHost int) map[string]any {
 
 // startProxy writes the config and starts `caddy run` with it, pinned to
 // cpu through taskset when cpu is not empty, and waits until it answers.
-func startProxy(bin, outDir, kind, cpu string, handler map[string]any) (*proxyProc, error) {
+// name names its files (config, log); it is the kind unless two processes
+// share one.
+func startProxy(bin, outDir, kind, name, cpu string, handler map[string]any) (*proxyProc, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -109,11 +112,11 @@ func startProxy(bin, outDir, kind, cpu string, handler map[string]any) (*proxyPr
 	if err != nil {
 		return nil, err
 	}
-	cfgPath := filepath.Join(outDir, kind+".json")
+	cfgPath := filepath.Join(outDir, name+".json")
 	if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(outDir, kind+".log")
+	logPath := filepath.Join(outDir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -135,6 +138,7 @@ func startProxy(bin, outDir, kind, cpu string, handler map[string]any) (*proxyPr
 	}
 	p := &proxyProc{
 		kind:  kind,
+		name:  name,
 		cmd:   cmd,
 		pid:   strconv.Itoa(cmd.Process.Pid),
 		url:   fmt.Sprintf("http://127.0.0.1:%d", port),
@@ -167,7 +171,7 @@ func (p *proxyProc) waitReady(limit time.Duration) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("%s did not come up within %v; see %s", p.kind, limit, p.log)
+	return fmt.Errorf("%s did not come up within %v; see %s", p.name, limit, p.log)
 }
 
 // stop asks Caddy to shut down and kills it if it does not within 5 s.

@@ -14,10 +14,13 @@
 #   WARMUP=1s        warm-up before each window
 #   ROUNDS=3         rounds (target order alternates)
 #   SCENARIOS=all    comma list: nonstream-16,nonstream-64,stream-16,stream-64,paced-32,think-split-64,
-#                    messages-native-64,messages-native-nonstream-64,messages-translated-64,responses-translated-64
+#                    messages-native-64,messages-native-nonstream-64,messages-translated-64,responses-translated-64,
+#                    redis-nonstream-64,redis-stream-64 (these start a redis-server of their own)
 #   PROFILE=10s      also capture CPU profiles (out/cpu-*.pprof) and print their top
 #   PLAIN_IDLE=1024  reverse_proxy max_idle_conns_per_host (0 = Caddy's default 32)
 #   PIN=0            do not pin
+#   REDIS_CPU=proxy  where redis-server runs in the redis scenarios: proxy (the proxies' CPU), gen (the
+#                    generator's), none (unpinned), or a CPU list
 #   NOTE="..."       free text for the report header
 #
 # Extra arguments are passed to the program (see `out/bin/loadbench -h`).
@@ -43,6 +46,7 @@ args=(-caddy "$out/bin/caddy" -out "$out")
 [[ -n "${SCENARIOS:-}" ]] && args+=(-scenarios "$SCENARIOS")
 [[ -n "${PROFILE:-}" ]] && args+=(-profile "$PROFILE")
 [[ -n "${PLAIN_IDLE:-}" ]] && args+=(-plain-idle "$PLAIN_IDLE")
+redis_cpu=${REDIS_CPU:-proxy}
 
 # expand_cpus "0-2,5" -> "0 1 2 5"
 expand_cpus() {
@@ -75,9 +79,12 @@ else
 			echo "${cpus[*]:1}"
 		)
 		args+=(-proxy-cpu "${cpus[0]}")
+		[[ "$redis_cpu" == gen ]] && redis_cpu=$gen
 		cmd=(taskset -c "$gen" "$out/bin/loadbench")
 	fi
 fi
+[[ "$redis_cpu" == gen ]] && redis_cpu=none # not pinned: no generator CPUs of its own
+args+=(-redis-cpu "$redis_cpu")
 [[ -n "$note" ]] && echo "loadbench: $note" >&2
 [[ -n "$note" ]] && args+=(-note "$note")
 

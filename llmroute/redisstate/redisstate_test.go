@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,12 +150,15 @@ func TestBackoffDoublesOnTheServer(t *testing.T) {
 }
 
 // BenchmarkClaimRelease is one request's round trips against a live Redis:
-// a claim and a release, one script each.
+// a claim and a release, one script each, one after the other (the latency
+// a request pays). Besides ns/op it reports what the server counted:
+// round trips (EVALSHA/EVAL calls) and redis-server CPU per op.
 func BenchmarkClaimRelease(b *testing.B) {
 	addr := startRedis(b)
 	s := open(addr, "bench", 30*time.Second)
 	defer s.Close()
 	ctx := context.Background()
+	m := meterServer(b, addr, s)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -162,4 +169,121 @@ func BenchmarkClaimRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	b.StopTimer()
+	m.report(b)
+}
+
+// BenchmarkClaimReleaseParallel is the same from 16 goroutines sharing one
+// store (its connection pool), as concurrent requests of one instance do:
+// ns/op is then the inverse of the throughput.
+func BenchmarkClaimReleaseParallel(b *testing.B) {
+	addr := startRedis(b)
+	s := open(addr, "bench", 30*time.Second)
+	defer s.Close()
+	ctx := context.Background()
+	m := meterServer(b, addr, s)
+	b.ReportAllocs()
+	b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if v, err := s.Claim(ctx, "u", "p", -1, -1); err != nil || v != Claimed {
+				b.Error(v, err)
+				return
+			}
+			if err := s.Release(ctx, "u", "p"); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	m.report(b)
+}
+
+// serverMeter reads what redis-server itself counted over a benchmark:
+// script calls (INFO commandstats) and its CPU time (/proc).
+type serverMeter struct {
+	c            *redis.Client
+	pid          string
+	trips0, cpu0 int64
+}
+
+// meterServer starts counting after one claim and release through s, which
+// load the scripts (a first EVALSHA fails with NOSCRIPT and is sent again
+// as EVAL): the counts are then those of the steady state.
+func meterServer(b *testing.B, addr string, s *Store) *serverMeter {
+	b.Helper()
+	if _, err := s.Claim(context.Background(), "u", "p", -1, -1); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Release(context.Background(), "u", "p"); err != nil {
+		b.Fatal(err)
+	}
+	m := &serverMeter{c: redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})}
+	b.Cleanup(func() { _ = m.c.Close() })
+	info, err := m.c.Info(context.Background(), "server").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.pid = infoField(info, "process_id")
+	m.trips0, m.cpu0 = m.scripts(b), m.cpuTicks(b)
+	return m
+}
+
+// report adds round-trips/op and redis-cpu-ns/op to the benchmark's line.
+func (m *serverMeter) report(b *testing.B) {
+	b.Helper()
+	trips, ticks := m.scripts(b)-m.trips0, m.cpuTicks(b)-m.cpu0
+	b.ReportMetric(float64(trips)/float64(b.N), "round-trips/op")
+	// USER_HZ is 100 on Linux: a tick is 10 ms.
+	b.ReportMetric(float64(ticks)*1e7/float64(b.N), "redis-cpu-ns/op")
+}
+
+// scripts is the number of EVALSHA and EVAL calls the server has run.
+func (m *serverMeter) scripts(b *testing.B) int64 {
+	b.Helper()
+	info, err := m.c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, name := range []string{"cmdstat_evalsha", "cmdstat_eval"} {
+		if v := infoField(info, name); v != "" {
+			calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+			k, err := strconv.ParseInt(calls, 10, 64)
+			if err != nil {
+				b.Fatalf("%s: %q", name, v)
+			}
+			n += k
+		}
+	}
+	return n
+}
+
+// cpuTicks is redis-server's utime+stime in clock ticks.
+func (m *serverMeter) cpuTicks(b *testing.B) int64 {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/" + m.pid + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // state is f[0], utime f[11], stime f[12]
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%s/stat: %q", m.pid, s)
+	}
+	return ut + st
+}
+
+// infoField returns the value of "name:value" in an INFO answer.
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
