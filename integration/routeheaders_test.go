@@ -215,3 +215,29 @@ func TestRouteHeadersSkippedForSize(t *testing.T) {
 		t.Errorf("held long request: %d %s", r.status, r.body)
 	}
 }
+
+// TestRouteHeadersSkippedAtProviderCapacity: an upstream with slots free
+// whose provider is at its capacity is named `id=provider_capacity n/cap`,
+// not busy.
+func TestRouteHeadersSkippedAtProviderCapacity(t *testing.T) {
+	g := newGate()
+	up := newUpstream(t, g.handler(completion("held")))
+	t.Cleanup(g.open)
+	conf := capacityConfig(up, "ua")
+	conf["queue_size"] = 0
+	p := startProxy(t, conf)
+	held := p.goChat(context.Background(), chatBody("a", false))
+	g.waitArrivals(t, 1)
+	resp := p.chat(chatBody("b", false))
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503: %s", resp.StatusCode, body)
+	}
+	if got, want := resp.Header.Get("X-LLM-Route-Skipped"), "ub=provider_capacity 1/1"; got != want {
+		t.Errorf("skipped %q, want %q", got, want)
+	}
+	g.open()
+	if r := await(t, held); r.status != http.StatusOK {
+		t.Errorf("held request: %d %s", r.status, r.body)
+	}
+}

@@ -1,9 +1,14 @@
 package integration
 
-// The fault soak (issue #6): a real Caddy with llm_route in front of three
-// fake upstream servers (four upstreams) that break at random on every
+// The fault soak (issues #6, #14): a real Caddy with llm_route in front of
+// four fake upstream servers (six upstreams) that break at random on every
 // request, clients that cancel at random, and a config reload every second
-// with changed limits, queue sizes and timeouts.
+// with changed limits, queue sizes, timeouts, provider capacity and
+// prefill settings. Same-upstream retries are on for two providers, and
+// three models continue broken streams (resume on): every upstream gives
+// the same answer to the same request (derived from the id in its prompt),
+// continues an assistant prefill with only the rest, or refuses prefill
+// (c1 always, d2 half the time) as newer models do.
 //
 // Default: a short run (~30s, fits CI with -race). Long run:
 //
@@ -27,10 +32,15 @@ package integration
 //     drops a request it reads after the old server's Shutdown began), and
 //     a completion aborted mid-body when its upstream trickled the body
 //     until request_timeout (a JSON body cannot carry an error event);
-//   - no upstream ever had more requests in flight than a limit in force
-//     (the exact invariant is at soakCheckLimits);
-//   - afterwards every inflight gauge and queue depth is 0 and the goroutine
-//     count is back to its baseline.
+//     for a model with resume on, a stream continued elsewhere
+//     (soakCheckResumed): one answer, whole or cut by the error event;
+//   - no upstream ever had more requests in flight than a limit in force,
+//     nor sp-a's upstreams together more than its capacity (the exact
+//     invariant is at soakCheckLimits);
+//   - streams were resumed (llm_proxy_stream_resumes_total ok > 0) and
+//     retried on the same upstream;
+//   - afterwards every inflight gauge (upstream and provider) and queue
+//     depth is 0 and the goroutine count is back to its baseline.
 
 import (
 	"context"
