@@ -110,3 +110,42 @@ func TestFleetKeyRateSharedAcrossProcesses(t *testing.T) {
 		t.Fatalf("the upstream got %d requests, want the burst of 5", got)
 	}
 }
+
+// Redis away: with on_state_error local the key's limits still hold, from
+// this instance's memory store (a burst of 5, the 6th refused), and the
+// errors are counted; with reject the key's requests get 503.
+func TestFleetKeyRedisDownFollowsOnStateError(t *testing.T) {
+	rs := startRedis(t)
+	up := newUpstream(t, nil)
+	local := startProxy(t, fleetKeyConfig(up, rs.addr, obj("rpm", 1, "burst", 5)))
+	rejectConf := fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.0))
+	rejectConf["state"].(map[string]any)["on_state_error"] = "reject"
+	rejectConf["state"].(map[string]any)["prefix"] = "r:"
+	rs.stop()
+	eventually(t, 15*time.Second, "state unhealthy", func() bool {
+		_, body := local.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":false`)
+	})
+	for i := range 5 {
+		resp := local.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam)
+		if rb := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("local fallback, request %d: %d %s", i+1, resp.StatusCode, rb)
+		}
+	}
+	resp := local.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam)
+	if rb := readAll(t, resp); resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(rb, `"rate_limit_exceeded"`) {
+		t.Fatalf("local fallback, 6th: %d %s; want the local GCRA's 429", resp.StatusCode, rb)
+	}
+	if got := local.metric("llm_proxy_state_errors_total"); got < 1 {
+		t.Fatalf("llm_proxy_state_errors_total = %v, want counted", got)
+	}
+
+	rej := startProxy(t, rejectConf)
+	for range 3 {
+		start := time.Now()
+		expectAPIError(t, rej.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam), http.StatusServiceUnavailable, "all_upstreams_busy")
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("a refusal under reject took %v", d)
+		}
+	}
+}
