@@ -1,0 +1,151 @@
+package integration
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fleetKeyConfig is fleetConfig with a price and one client key.
+func fleetKeyConfig(up *fakeUpstream, addr string, key map[string]any) map[string]any {
+	h := fleetConfig(up, addr, 100)
+	h["upstreams"].([]map[string]any)[0]["price_output"] = 1000.0 // $1 per 1000 output tokens
+	key["id"], key["secret"] = "k", secretTeam
+	h["keys"] = []any{key}
+	return h
+}
+
+// A daily spend budget is spent once across two Caddy processes sharing
+// one Redis: 40 requests over both, each reserving $1 against $10.50, all
+// held at the upstream until the others are answered → exactly 10 served
+// in total, 30 refused with 429 insufficient_quota. (Each instance on its
+// own accounting would serve 10: 20 in all.)
+func TestFleetKeyBudgetSharedAcrossProcesses(t *testing.T) {
+	rs := startRedis(t)
+	g := newGate()
+	up := newUpstream(t, gatedUsage(g, 20, 1000))
+	t.Cleanup(g.open)
+	a := startInstance(t, fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.5)))
+	b := startInstance(t, fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.5)))
+	waitHealthy(t, a, true)
+	waitHealthy(t, b, true)
+
+	const n = 40
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
+	var ok, quota, other atomic.Int64
+	var wg sync.WaitGroup
+	for i := range n {
+		in := []*instance{a, b}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := in.post(context.Background(), body, "Authorization", "Bearer "+secretTeam)
+			if err != nil {
+				other.Add(1)
+				return
+			}
+			rb, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusOK:
+				ok.Add(1)
+			case resp.StatusCode == http.StatusTooManyRequests && strings.Contains(string(rb), `"insufficient_quota"`):
+				quota.Add(1)
+			default:
+				other.Add(1)
+				t.Errorf("unexpected answer %d %s", resp.StatusCode, rb)
+			}
+		}()
+	}
+	eventually(t, 60*time.Second, "every request beyond the budget refused", func() bool { return quota.Load()+other.Load() >= n-10 })
+	if got := len(up.Calls()); got > 10 {
+		t.Fatalf("%d requests reached the upstream, the shared budget is for 10", got)
+	}
+	g.open()
+	wg.Wait()
+	if ok.Load() != 10 || quota.Load() != 30 {
+		t.Fatalf("served %d, refused %d (other %d); want 10 and 30 across both instances", ok.Load(), quota.Load(), other.Load())
+	}
+	// Settled in Redis: both instances see the same spend and no reservation left.
+	for name, in := range map[string]*instance{"a": a, "b": b} {
+		k := in.keyStatus("k")
+		if spend := k["spend_today_usd"].(float64); spend < 9.99 || spend > 10.5 {
+			t.Errorf("instance %s: spend today %v, want 10 (fleet-wide)", name, spend)
+		}
+		if k["reserved_usd"].(float64) != 0 {
+			t.Errorf("instance %s: reservations left: %+v", name, k)
+		}
+	}
+	t.Logf("shared spend_per_day over two processes: served %d, refused %d", ok.Load(), quota.Load())
+}
+
+// A GCRA rate with burst 5 is one bucket for the fleet: five requests
+// alternating between the two processes pass, the sixth is refused with
+// 429 rate_limit_exceeded and a Retry-After.
+func TestFleetKeyRateSharedAcrossProcesses(t *testing.T) {
+	rs := startRedis(t)
+	up := newUpstream(t, nil)
+	a := startInstance(t, fleetKeyConfig(up, rs.addr, obj("rpm", 1, "burst", 5)))
+	b := startInstance(t, fleetKeyConfig(up, rs.addr, obj("rpm", 1, "burst", 5)))
+	waitHealthy(t, a, true)
+	waitHealthy(t, b, true)
+	for i := range 5 {
+		in := []*instance{a, b}[i%2]
+		resp := in.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam)
+		if rb := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d of the burst: %d %s", i+1, resp.StatusCode, rb)
+		}
+	}
+	resp := b.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam)
+	rb := readAll(t, resp)
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(rb, `"rate_limit_exceeded"`) || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("6th request: %d %s (Retry-After %q), want 429 rate_limit_exceeded", resp.StatusCode, rb, resp.Header.Get("Retry-After"))
+	}
+	if got := len(up.Calls()); got != 5 {
+		t.Fatalf("the upstream got %d requests, want the burst of 5", got)
+	}
+}
+
+// Redis away: with on_state_error local the key's limits still hold, from
+// this instance's memory store (a burst of 5, the 6th refused), and the
+// errors are counted; with reject the key's requests get 503.
+func TestFleetKeyRedisDownFollowsOnStateError(t *testing.T) {
+	rs := startRedis(t)
+	up := newUpstream(t, nil)
+	local := startProxy(t, fleetKeyConfig(up, rs.addr, obj("rpm", 1, "burst", 5)))
+	rejectConf := fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.0))
+	rejectConf["state"].(map[string]any)["on_state_error"] = "reject"
+	rejectConf["state"].(map[string]any)["prefix"] = "r:"
+	rs.stop()
+	eventually(t, 15*time.Second, "state unhealthy", func() bool {
+		_, body := local.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":false`)
+	})
+	for i := range 5 {
+		resp := local.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam)
+		if rb := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("local fallback, request %d: %d %s", i+1, resp.StatusCode, rb)
+		}
+	}
+	resp := local.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam)
+	if rb := readAll(t, resp); resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(rb, `"rate_limit_exceeded"`) {
+		t.Fatalf("local fallback, 6th: %d %s; want the local GCRA's 429", resp.StatusCode, rb)
+	}
+	if got := local.metric("llm_proxy_state_errors_total"); got < 1 {
+		t.Fatalf("llm_proxy_state_errors_total = %v, want counted", got)
+	}
+
+	rej := startProxy(t, rejectConf)
+	for range 3 {
+		start := time.Now()
+		expectAPIError(t, rej.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam), http.StatusServiceUnavailable, "all_upstreams_busy")
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("a refusal under reject took %v", d)
+		}
+	}
+}
