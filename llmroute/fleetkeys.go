@@ -29,8 +29,9 @@ func (s *fleetKeys) Allow(id string, now time.Time, r keys.Rate) (bool, time.Dur
 	if r.PerMinute <= 0 {
 		return true, 0
 	}
-	if s.f.healthy.Load() {
+	if s.f.healthy.Load() && s.f.use() {
 		ok, wait, err := s.f.store.KeyAllow(context.Background(), id, r)
+		s.f.done()
 		if err == nil {
 			return ok, wait
 		}
@@ -43,13 +44,17 @@ func (s *fleetKeys) Allow(id string, now time.Time, r keys.Rate) (bool, time.Dur
 }
 
 // Reserve implements keys.Store; a hold taken in Redis is marked Shared so
-// that it is settled there.
+// that it is settled there, and it keeps the fleet's client open until
+// then: a reload may clean the handler up while the request runs.
 func (s *fleetKeys) Reserve(id string, now time.Time, b keys.Budget, a keys.Amount) (keys.Hold, keys.Limit) {
 	if b.Empty() {
 		return keys.Hold{}, keys.LimitNone
 	}
-	if s.f.healthy.Load() {
+	if s.f.healthy.Load() && s.f.use() {
 		h, limit, err := s.f.store.KeyReserve(context.Background(), id, now, b, a)
+		if !h.Shared {
+			s.f.done()
+		}
 		if err == nil {
 			return h, limit
 		}
@@ -65,13 +70,15 @@ func (s *fleetKeys) Reserve(id string, now time.Time, b keys.Budget, a keys.Amou
 // while it is thought unreachable (one bounded call, and only for the
 // requests that were running when it went away): settling it locally
 // would subtract a reservation memory never had. If Redis does not take
-// it, the reservation stays there until its day's hash expires, and the
-// error is counted.
+// it, the error is counted and the reservation lapses with its lease
+// (lease_ttl, no longer renewed). Settling gives back the hold on the
+// client that Reserve took.
 func (s *fleetKeys) Settle(h keys.Hold, actual keys.Amount, now time.Time) {
 	if !h.Shared {
 		s.local.Settle(h, actual, now)
 		return
 	}
+	defer s.f.done()
 	if err := s.f.store.KeySettle(context.Background(), h, actual, now); err != nil {
 		s.f.failed(err)
 	}
@@ -80,8 +87,9 @@ func (s *fleetKeys) Settle(h keys.Hold, actual keys.Amount, now time.Time) {
 // Usage implements keys.Store: the fleet-wide accounting, else this
 // process's.
 func (s *fleetKeys) Usage(id string, now time.Time) keys.Usage {
-	if s.f.healthy.Load() {
+	if s.f.healthy.Load() && s.f.use() {
 		u, err := s.f.store.KeyUsage(context.Background(), id, now)
+		s.f.done()
 		if err == nil {
 			return u
 		}
