@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -148,4 +149,107 @@ func TestFleetKeyRedisDownFollowsOnStateError(t *testing.T) {
 			t.Fatalf("a refusal under reject took %v", d)
 		}
 	}
+}
+
+// Requests in flight across reloads settle their budget reservations in
+// Redis (issue 16): twelve clients keep the key busy — non-stream answers
+// held 150 ms at the upstream, streams cut by a 150 ms pause — while the
+// config is reloaded four times, twice with the same state block (one
+// pooled fleet) and twice onto a changed one (a new fleet, the old one
+// closed once its last request settled). Afterwards Redis holds no
+// reservation and the key's use is exactly what the upstream reported.
+func TestFleetKeyReservationsSettleAcrossReloads(t *testing.T) {
+	rs := startRedis(t)
+	const prompt, completion = 7, 11
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		usage := fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, prompt, completion, prompt+completion)
+		if !strings.Contains(string(body), `"stream":true`) {
+			time.Sleep(150 * time.Millisecond)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","created":1,"model":"real","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],%s}`, usage)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := func(s string) { fmt.Fprintf(w, "data: %s\n\n", s); w.(http.Flusher).Flush() }
+		chunk(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"real","choices":[{"index":0,"delta":{"role":"assistant","content":"o"},"finish_reason":null}]}`)
+		time.Sleep(150 * time.Millisecond)
+		chunk(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"real","choices":[{"index":0,"delta":{"content":"k"},"finish_reason":"stop"}]}`)
+		chunk(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"real","choices":[],` + usage + `}`)
+		chunk("[DONE]")
+	})
+	conf := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000_000))
+	changed := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000_000))
+	changed["state"].(map[string]any)["timeout"] = "80ms" // another state block: another fleet, same accounts
+	p := startProxy(t, conf)
+	eventually(t, 15*time.Second, "redis state healthy", func() bool {
+		_, body := p.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
+	})
+
+	var stop atomic.Bool
+	var ok, other atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; !stop.Load(); n++ {
+				stream := (i+n)%2 == 0
+				resp, err := p.post(context.Background(), chatBody("m", stream), "Authorization", "Bearer "+secretTeam)
+				if err != nil {
+					other.Add(1)
+					t.Errorf("request: %v", err)
+					continue
+				}
+				rb, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || (stream && !strings.Contains(string(rb), "[DONE]")) {
+					other.Add(1)
+					t.Errorf("answer %d: %s", resp.StatusCode, rb)
+					continue
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	// Each reload waits for a dozen requests more, so that the requests it
+	// catches in flight started under the config it replaces.
+	loadWhenBusy := func(c map[string]any) {
+		seen := len(up.Calls())
+		eventually(t, 20*time.Second, "new requests in flight at the upstream", func() bool {
+			return len(up.Calls()) >= seen+12 && up.inflight.Load() >= 6
+		})
+		if c != nil {
+			p.load(c)
+		}
+	}
+	for _, c := range []map[string]any{conf, changed, changed, conf, nil} {
+		loadWhenBusy(c)
+	}
+	stop.Store(true)
+	wg.Wait()
+
+	calls := int64(len(up.Calls()))
+	if ok.Load() != calls || other.Load() != 0 {
+		t.Fatalf("%d answers ok, %d not, for %d upstream calls; want every call answered ok", ok.Load(), other.Load(), calls)
+	}
+	c := rs.client()
+	defer c.Close()
+	day := fmt.Sprintf("t:key:k:d:%d", time.Now().Unix()/86400)
+	var acct map[string]string
+	eventually(t, 10*time.Second, "every reservation settled in Redis", func() bool {
+		acct = c.HGetAll(context.Background(), day).Val()
+		return acct["rt"] == "0"
+	})
+	if want := fmt.Sprint(calls * (prompt + completion)); acct["ut"] != want {
+		t.Fatalf("tokens used in Redis = %s, want %s (%d calls × %d): %v", acct["ut"], want, calls, prompt+completion, acct)
+	}
+	if n := c.ZCard(context.Background(), "t:key:k:holds").Val(); n != 0 {
+		t.Fatalf("%d reservation leases left in Redis", n)
+	}
+	if k := p.keyStatus("k"); k["reserved_tokens"].(float64) != 0 || k["tokens_today"].(float64) != float64(calls*(prompt+completion)) {
+		t.Fatalf("key status after the reloads: %v", k)
+	}
+	t.Logf("%d requests across 4 reloads, %d tokens settled in Redis, none reserved", calls, calls*(prompt+completion))
 }

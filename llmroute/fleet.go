@@ -219,13 +219,20 @@ func (f *fleet) maintain(ctx context.Context) {
 	}
 }
 
-// renew writes this instance's true counts and pushes its leases on; a
-// retired fleet leaves its slot leases to expire (the running config
-// counts the slots of its requests in its own fleet).
+// renew writes this instance's true slot counts and pushes its leases on,
+// then the leases of the key reservations still held. A retired fleet
+// only does the latter: the running config counts the slots of all
+// requests in its own fleet, and this one's slot leases may expire.
 func (f *fleet) renew(ctx context.Context) error {
-	if f.retired.Load() {
-		return nil
+	if !f.retired.Load() {
+		if err := f.renewSlots(ctx); err != nil {
+			return err
+		}
 	}
+	return f.store.RenewKeyLeases(ctx)
+}
+
+func (f *fleet) renewSlots(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ups, provs := make(map[string]int64), make(map[string]int64)

@@ -87,6 +87,9 @@ type Hold struct {
 	// Shared: reserved in the shared backend (Redis), so settled there too,
 	// not in a fallback that never saw it.
 	Shared bool
+	// Lease names a shared reservation in its backend, where it lapses
+	// unless renewed: one whose settlement is lost does not stay reserved.
+	Lease string
 }
 
 // Usage is a key's accounting in the current periods: what was settled

@@ -148,3 +148,72 @@ func TestKeyAllowSharedBurst(t *testing.T) {
 		t.Fatalf("rate key ttl = %v, %v; want it to expire by itself", ttl, err)
 	}
 }
+
+// A reservation is a lease: one never settled (its instance died, its
+// settlement was lost) leaves the budget within lease_ttl, while one whose
+// Store renews it stays; a late settlement of the lapsed one adds its use
+// without taking the reservation off a second time.
+func TestKeyReservationLeaseLapsesUnlessRenewed(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	const ttl = 400 * time.Millisecond
+	dead, live := open(addr, "dead", ttl), open(addr, "live", ttl)
+	defer dead.Close()
+	defer live.Close()
+	now := time.Now()
+	budget := keys.Budget{TokensPerDay: 1000, SpendPerDay: keys.USD(1)}
+	lost, limit, err := dead.KeyReserve(ctx, "k", now, budget, keys.Amount{Tokens: 600, Spend: keys.USD(0.5)})
+	if err != nil || limit != keys.LimitNone || lost.Lease == "" {
+		t.Fatalf("first reservation: %+v %v %v", lost, limit, err)
+	}
+	kept, limit, err := live.KeyReserve(ctx, "k", now, budget, keys.Amount{Tokens: 300, Spend: keys.USD(0.25)})
+	if err != nil || limit != keys.LimitNone {
+		t.Fatalf("second reservation: %v %v", limit, err)
+	}
+	if _, limit, _ := live.KeyReserve(ctx, "k", now, budget, keys.Amount{Tokens: 600}); limit != keys.LimitTokensPerDay {
+		t.Fatalf("while both are held, 600 more tokens: %v, want tokens_per_day", limit)
+	}
+	if dead.KeyLeases() != 1 || live.KeyLeases() != 1 {
+		t.Fatalf("leases held: dead %d, live %d; want 1 each", dead.KeyLeases(), live.KeyLeases())
+	}
+
+	// Only live renews (dead stands for an instance that is gone). Poll
+	// past three lease lifetimes, renewing every third of one.
+	deadline := time.Now().Add(3 * ttl)
+	for time.Now().Before(deadline) {
+		if err := live.RenewKeyLeases(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(ttl / 3)
+	}
+	u, err := live.KeyUsage(ctx, "k", now)
+	if err != nil || u.ReservedToken != 300 || u.ReservedSpend != keys.USD(0.25) {
+		t.Fatalf("after the lapse: %+v %v; want only the renewed 300 tokens / $0.25 reserved", u, err)
+	}
+	if _, limit, _ := live.KeyReserve(ctx, "k", now, budget, keys.Amount{Tokens: 600}); limit != keys.LimitNone {
+		t.Fatalf("600 tokens once the lost reservation lapsed: %v, want reserved", limit)
+	}
+
+	// The lapsed hold settles late: its use counts, its reservation is not
+	// taken off again (that would go negative).
+	if err := dead.KeySettle(ctx, lost, keys.Amount{Tokens: 50, Spend: keys.USD(0.01)}, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := live.KeySettle(ctx, kept, keys.Amount{Tokens: 20}, now); err != nil {
+		t.Fatal(err)
+	}
+	u, err = live.KeyUsage(ctx, "k", now)
+	if err != nil || u.TokensToday != 70 || u.SpendToday != keys.USD(0.01) || u.ReservedToken != 600 || u.ReservedSpend != 0 {
+		t.Fatalf("after settling: %+v %v; want 70 tokens / $0.01 used and the last 600 tokens reserved", u, err)
+	}
+	if dead.KeyLeases() != 0 || live.KeyLeases() != 1 {
+		t.Fatalf("leases held after settling: dead %d, live %d; want 0 and 1", dead.KeyLeases(), live.KeyLeases())
+	}
+	holds := live.keyAccounts("k", keys.Day(now), keys.Month(now))[2]
+	if n, err := live.c.ZCard(ctx, holds).Result(); err != nil || n != 1 {
+		t.Fatalf("holds set has %d members (%v), want the one unsettled", n, err)
+	}
+	if ttl, err := live.c.TTL(ctx, holds).Result(); err != nil || ttl <= 0 || ttl > 3*24*time.Hour {
+		t.Fatalf("holds set ttl = %v, %v; want a bounded expiry", ttl, err)
+	}
+}
