@@ -138,16 +138,18 @@ func (f *fleet) start(logger *zap.Logger) {
 		return
 	}
 	f.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	f.stopMaintain, f.maintainDone = cancel, make(chan struct{})
-	go func() { defer close(f.maintainDone); f.maintain(ctx) }()
-	ctx, cancel = context.WithCancel(context.Background())
-	f.stopListen, f.listenDone = cancel, make(chan struct{})
+	renewing, stopMaintain := context.WithCancel(context.Background())
+	maintainDone := make(chan struct{})
+	f.stopMaintain, f.maintainDone = stopMaintain, maintainDone
+	go func() { defer close(maintainDone); f.maintain(renewing) }()
+	listening, stopListen := context.WithCancel(context.Background())
+	listenDone := make(chan struct{})
+	f.stopListen, f.listenDone = stopListen, listenDone
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); f.store.Listen(ctx, f.onEvent) }()
-	go func() { defer wg.Done(); f.poll(ctx) }()
-	go func() { wg.Wait(); close(f.listenDone) }()
+	go func() { defer wg.Done(); f.store.Listen(listening, f.onEvent) }()
+	go func() { defer wg.Done(); f.poll(listening) }()
+	go func() { wg.Wait(); close(listenDone) }()
 }
 
 // Destruct implements caddy.Destructor: the fleet's last handler is gone.

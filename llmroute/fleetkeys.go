@@ -21,6 +21,19 @@ type fleetKeys struct {
 
 var _ keys.Store = (*fleetKeys)(nil)
 
+// begin holds the fleet's client open for one key request, from its
+// admission to its end (the returned func, nil when the client is closed
+// already): a request of an old config that is still queued, or between
+// failover attempts, when a reload that changed the state block cleans
+// its handler up, reserves and settles in Redis all the same, instead of
+// falling back to this instance's counters.
+func (s *fleetKeys) begin() func() {
+	if !s.f.use() {
+		return nil
+	}
+	return s.f.done
+}
+
 // Allow implements keys.Store. Under reject a request is let through here:
 // its budget reservation or its slot claim, which cannot succeed while
 // Redis is away, refuses it with the 503 of the fallback rather than a 429

@@ -41,9 +41,11 @@ type StateConfig struct {
 	// takes longer counts as Redis being unreachable. Default 50ms.
 	Timeout *Duration `json:"timeout,omitempty"`
 
-	// LeaseTTL is how long a slot lease outlives its instance: leases are
-	// renewed every third of it while the instance runs, so the slots of a
-	// crashed instance come back within it. Default 30s.
+	// LeaseTTL is how long a slot lease or a client key's budget
+	// reservation outlives its instance: leases are renewed every third of
+	// it while the instance runs (a reservation until it is settled), so
+	// the slots and reservations of a crashed instance, or a reservation
+	// whose settlement never reached Redis, come back within it. Default 30s.
 	LeaseTTL *Duration `json:"lease_ttl,omitempty"`
 
 	// OnStateError is what happens while Redis is unreachable or slow:
