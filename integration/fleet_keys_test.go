@@ -273,3 +273,88 @@ func TestFleetKeyReservationsSettleAcrossReloads(t *testing.T) {
 	t.Logf("%d requests across 4 reloads (%d connections dropped at a reload, none of them sent upstream), %d tokens settled in Redis, none reserved",
 		calls, dropped.Load(), calls*(prompt+completion))
 }
+
+// A reservation is a lease renewed while its request runs: held at the
+// upstream for three lease lifetimes, the request keeps its reservation
+// (the key's status drops expired leases, so it would show 0), and its
+// settlement then leaves only the use.
+func TestFleetKeyReservationRenewedWhileRequestRuns(t *testing.T) {
+	rs := startRedis(t)
+	g := newGate()
+	up := newUpstream(t, gatedUsage(g, 20, 1000))
+	t.Cleanup(g.open)
+	conf := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000))
+	conf["state"].(map[string]any)["lease_ttl"] = "1s"
+	conf["state"].(map[string]any)["timeout"] = "2s" // a loaded machine must not fall back
+	p := startProxy(t, conf)
+	eventually(t, 15*time.Second, "redis state healthy", func() bool {
+		_, body := p.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
+	})
+	done := make(chan int, 1)
+	go func() {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
+		resp, err := p.post(context.Background(), body, "Authorization", "Bearer "+secretTeam)
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	g.waitArrivals(t, 1)
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if k := p.keyStatus("k"); k["reserved_tokens"].(float64) < 1000 {
+			t.Fatalf("the running request's reservation lapsed: %v", k)
+		}
+	}
+	g.open()
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("the held request answered %d", code)
+	}
+	eventually(t, 10*time.Second, "the reservation settled", func() bool {
+		k := p.keyStatus("k")
+		return k["reserved_tokens"].(float64) == 0 && k["tokens_today"].(float64) == 1020
+	})
+}
+
+// kill -9 an instance whose request holds a budget reservation: the other
+// instance sees the reservation go within lease_ttl (nobody renews it),
+// so a dead instance does not shrink the fleet's budget for the day.
+func TestFleetKeyReservationOfKilledInstanceLapses(t *testing.T) {
+	rs := startRedis(t)
+	g := newGate()
+	up := newUpstream(t, gatedUsage(g, 20, 1000))
+	t.Cleanup(g.open)
+	const ttl = 2 * time.Second
+	conf := func() map[string]any {
+		c := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000))
+		c["state"].(map[string]any)["lease_ttl"] = ttl.String()
+		c["state"].(map[string]any)["timeout"] = "2s" // a loaded machine must not fall back
+		return c
+	}
+	a, b := startInstance(t, conf()), startInstance(t, conf())
+	waitHealthy(t, a, true)
+	waitHealthy(t, b, true)
+	go func() {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
+		if resp, err := a.post(context.Background(), body, "Authorization", "Bearer "+secretTeam); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	g.waitArrivals(t, 1)
+	if k := b.keyStatus("k"); k["reserved_tokens"].(float64) < 1000 {
+		t.Fatalf("the other instance does not see the reservation: %v", k)
+	}
+	a.kill()
+	killed := time.Now()
+	eventually(t, ttl+10*time.Second, "the killed instance's reservation gone", func() bool {
+		return b.keyStatus("k")["reserved_tokens"].(float64) == 0
+	})
+	if d := time.Since(killed); d > ttl+2*time.Second {
+		t.Fatalf("the reservation lapsed %v after kill -9, want within lease_ttl %v (+ polling)", d, ttl)
+	}
+	t.Logf("reservation gone %v after kill -9 (lease_ttl %v)", time.Since(killed), ttl)
+}
