@@ -31,8 +31,14 @@ func TestFleetKeyBudgetSharedAcrossProcesses(t *testing.T) {
 	g := newGate()
 	up := newUpstream(t, gatedUsage(g, 20, 1000))
 	t.Cleanup(g.open)
-	a := startInstance(t, fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.5)))
-	b := startInstance(t, fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.5)))
+	conf := func() map[string]any {
+		c := fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.5))
+		// A call timing out on a loaded machine would fall back to the
+		// instance's own budget (10 more served): this test is about sharing.
+		c["state"].(map[string]any)["timeout"] = "2s"
+		return c
+	}
+	a, b := startInstance(t, conf()), startInstance(t, conf())
 	waitHealthy(t, a, true)
 	waitHealthy(t, b, true)
 
