@@ -78,6 +78,7 @@ type Store struct {
 	instance string
 	timeout  time.Duration
 	ttlMS    string
+	leases   leases // client-key reservations held (keys.go)
 }
 
 // Open returns a store; it does not connect until the first call, so a
