@@ -11,8 +11,9 @@ import (
 // StateConfig selects and configures the state backend (SPEC §17, §18).
 type StateConfig struct {
 	// Backend is `memory` (default: each process keeps its own accounting)
-	// or `redis` (upstream slots, provider capacity and backoff are shared
-	// by every instance on the same Redis and prefix).
+	// or `redis` (upstream slots, provider capacity, backoff and Retry-After
+	// holds, client-key rate limits and budget reservations, and the session
+	// registry are shared by every instance on the same Redis and prefix).
 	Backend string `json:"backend,omitempty"`
 
 	// Address is the Redis `host:port`. Default `127.0.0.1:6379`.
