@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -43,11 +44,21 @@ func TestProviderCapacityAcrossModelsAndReload(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	statuses := make(chan int, 12)
+	var slowest atomic.Int64 // ns
+	start := time.Now()
 	for i := 0; i < 12; i++ {
 		model := []string{"a", "b"}[i%2]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			began := time.Now()
+			defer func() {
+				for d := int64(time.Since(began)); ; {
+					if old := slowest.Load(); d <= old || slowest.CompareAndSwap(old, d) {
+						return
+					}
+				}
+			}()
 			resp, err := p.post(context.Background(), chatBody(model, false))
 			if err != nil {
 				t.Errorf("request: %v", err)
@@ -67,6 +78,8 @@ func TestProviderCapacityAcrossModelsAndReload(t *testing.T) {
 	if peak := up.peak.Load(); peak != 1 {
 		t.Fatalf("the fake's concurrency peak = %d, want 1 (provider capacity 1)", peak)
 	}
+	t.Logf("provider capacity 1, 12 requests of two models at once (30 ms each upstream): all 200, one at a time at the fake, %v in all, slowest request %v",
+		time.Since(start).Round(time.Millisecond), time.Duration(slowest.Load()).Round(time.Millisecond))
 	if got := p.metric("llm_proxy_provider_capacity", "provider", "gpu"); got != 1 {
 		t.Errorf("llm_proxy_provider_capacity = %v, want 1", got)
 	}

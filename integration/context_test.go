@@ -72,8 +72,11 @@ func TestContextLengthFailsOver(t *testing.T) {
 			p := startProxy(t, contextPair(prefix, small, big))
 			for _, stream := range []bool{false, true} {
 				before := len(small.Calls())
+				start := time.Now()
 				resp := p.chat(chatBody(prefix, stream))
 				body := readAll(t, resp)
+				t.Logf("%s %d, stream %v: %d from %s after %v", c.family, c.status, stream, resp.StatusCode,
+					resp.Header.Get("X-LLM-Route-Upstream"), time.Since(start).Round(time.Millisecond))
 				if resp.StatusCode != http.StatusOK || !strings.Contains(body, "from the big one") && !strings.Contains(body, "big") {
 					t.Fatalf("stream %v: status %d body %s; want the big upstream's answer", stream, resp.StatusCode, body)
 				}
@@ -95,8 +98,10 @@ func TestContextLengthFailsOver(t *testing.T) {
 			}
 
 			// Nothing left: the refusal itself, status and body unchanged.
+			start := time.Now()
 			resp := p.chat(chatBody(prefix+"-alone", false))
 			body := readAll(t, resp)
+			t.Logf("%s %d, no upstream left: %d (the refusal) after %v", c.family, c.status, resp.StatusCode, time.Since(start).Round(time.Millisecond))
 			if resp.StatusCode != c.status || body != c.body {
 				t.Errorf("alone: got %d %s\nwant %d %s", resp.StatusCode, body, c.status, c.body)
 			}
@@ -132,10 +137,12 @@ func TestContentPolicyNotFailedOver(t *testing.T) {
 	small := newUpstream(t, rawAnswer(http.StatusBadRequest, refusal))
 	big := newUpstream(t, nil)
 	p := startProxy(t, contextPair("cpv", small, big))
+	start := time.Now()
 	resp := p.chat(chatBody("cpv", false))
 	if body := readAll(t, resp); resp.StatusCode != http.StatusBadRequest || body != refusal {
 		t.Errorf("got %d %s, want the 400 unchanged", resp.StatusCode, body)
 	}
+	t.Logf("content_policy_violation 400: %d to the client, not failed over, after %v", resp.StatusCode, time.Since(start).Round(time.Millisecond))
 	if n := len(big.Calls()); n != 0 {
 		t.Errorf("next upstream got %d calls, want 0", n)
 	}
@@ -194,9 +201,11 @@ func TestContextWindowSkips(t *testing.T) {
 	if got, _ := ask(longChat("cw", 50, 0)); got != "small" {
 		t.Errorf("a short prompt went to %q, want small", got)
 	}
+	start := time.Now()
 	if got, _ := ask(longChat("cw", 2000, 0)); got != "big" {
 		t.Errorf("a ~2600-token prompt went to %q, want big (small's window is 1000)", got)
 	}
+	t.Logf("prompt above the first upstream's context_window: answered by the big one (no call to the small) after %v", time.Since(start).Round(time.Millisecond))
 	if got, _ := ask(longChat("cw", 50, 4000)); got != "big" {
 		t.Errorf("a short prompt with max_tokens 4000 went to %q, want big", got)
 	}
@@ -204,8 +213,10 @@ func TestContextWindowSkips(t *testing.T) {
 	if smallCalls != 1 {
 		t.Errorf("small upstream got %d calls, want 1 (skipped up front otherwise)", smallCalls)
 	}
+	start = time.Now()
 	resp := p.chat(longChat("cw-small", 2000, 0))
 	msg := expectAPIError(t, resp, http.StatusBadRequest, "context_length_exceeded")
+	t.Logf("no context_window large enough: the proxy's 400 context_length_exceeded after %v", time.Since(start).Round(time.Millisecond))
 	if !strings.Contains(msg, "tokens") {
 		t.Errorf("message %q does not say how many tokens", msg)
 	}
@@ -272,6 +283,7 @@ func TestLongContextAdmission(t *testing.T) {
 	g.waitArrivals(t, 1)
 
 	// A long request to the queue-only model waits for the long slot.
+	queuedAt := time.Now()
 	queued := p.goChat(ctx, longChat("lc-q", 2000, 0))
 	eventually(t, 5*time.Second, "the long request queued", func() bool {
 		return p.metric("llm_proxy_queue_depth", "model", "lc-q") == 1
@@ -280,6 +292,7 @@ func TestLongContextAdmission(t *testing.T) {
 		t.Errorf("local upstream got %d calls while its long slot was taken, want 2 (the long and the short one)", n)
 	}
 	g.open()
+	openedAt := time.Now()
 	for name, ch := range map[string]<-chan result{"held": held, "short": short, "queued": queued} {
 		r := await(t, ch)
 		if r.status != http.StatusOK || answerText(t, r.body) != "local" {
@@ -289,6 +302,8 @@ func TestLongContextAdmission(t *testing.T) {
 	if n := len(local.Calls()); n != 3 {
 		t.Errorf("local upstream got %d calls in all, want 3", n)
 	}
+	t.Logf("long request with the provider's one long slot taken, queue-only model: queued, then 200 from the local upstream; %v in all, %v after the slot was freed",
+		time.Since(queuedAt).Round(time.Millisecond), time.Since(openedAt).Round(time.Millisecond))
 }
 
 // TestContextLengthTranslatedFront: a Messages request translated to chat

@@ -190,6 +190,26 @@ func faultStallAfter(events []string) http.HandlerFunc {
 	}
 }
 
+// faultStallFor writes events, stalls for d (as a provider whose server
+// hangs mid-answer does), then writes the rest; it ends at once when the
+// proxy drops the connection.
+func faultStallFor(events []string, d time.Duration, rest []string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		writeStream(w, events, 0)
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+			return
+		}
+		for _, ev := range rest {
+			if _, err := io.WriteString(w, ev); err != nil {
+				return
+			}
+		}
+		_ = http.NewResponseController(w).Flush()
+	}
+}
+
 // faultPieces writes an SSE response as the given raw pieces, flushing
 // each, with the pause before piece i taken from pauses[i] (missing = 0).
 func faultPieces(pieces []string, pauses map[int]time.Duration, hdr ...string) http.HandlerFunc {

@@ -131,7 +131,8 @@ func startInstance(t testing.TB, handler map[string]any) *instance {
 			return false
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		// 401: the handler answers, and its config has client keys.
+		return resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized
 	})
 	return in
 }

@@ -226,12 +226,14 @@ func TestResumeCutPrefill(t *testing.T) {
 	p := startProxy(t, resumeConfig(a, b, "30s"))
 	ok0, cut0, b0 := p.resumes("ok"), p.requests("m", "a", "pa", "net_err"), p.requests("m", "b", "pb", "ok")
 
+	start := time.Now()
 	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
 	body, err := faultRead(resp)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, read error %v (a resumed stream ends cleanly); body %q", resp.StatusCode, err, tail(body, 300))
 	}
 	resumedStream(t, body, resumeFull, 20)
+	t.Logf("cut after 40 of 60 tokens, prefill upstream next: one whole 60-token stream after %v", time.Since(start).Round(time.Millisecond))
 
 	calls := b.Calls()
 	if len(calls) != 1 {
@@ -312,6 +314,26 @@ func TestResumeStall(t *testing.T) {
 	if d := p.requests("m", "a", "pa", "timeout") - timeouts; d != 1 {
 		t.Errorf("first upstream timeout counted %v, want 1", d)
 	}
+	t.Logf("stall after 20 tokens, stream_idle_timeout 1s: one whole stream after %v", elapsed.Round(time.Millisecond))
+
+	t.Run("the issue's numbers: 30 s stall, stream_idle_timeout 10s", func(t *testing.T) {
+		rest := resumeA.events(resumeTokens[20:], 60)[1:]
+		a := newUpstream(t, faultStallFor(firstEvents(20), 30*time.Second, rest))
+		b := newUpstream(t, deterministic(resumeB, false, 1))
+		p := startProxy(t, resumeConfig(a, b, "10s"))
+		start := time.Now()
+		resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
+		body, err := faultRead(resp)
+		elapsed := time.Since(start)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d, read error %v; body %q", resp.StatusCode, err, tail(body, 300))
+		}
+		resumedStream(t, body, resumeFull, 40)
+		if elapsed < 10*time.Second || elapsed > 25*time.Second {
+			t.Errorf("answered after %v; want a little over stream_idle_timeout (10s), well before the stall ends (30s)", elapsed)
+		}
+		t.Logf("stall of 30 s after 20 tokens, stream_idle_timeout 10s: one whole stream after %v", elapsed.Round(time.Millisecond))
+	})
 }
 
 // TestResumePrefillRejected: the second upstream refuses assistant prefill
@@ -323,12 +345,14 @@ func TestResumePrefillRejected(t *testing.T) {
 	b := newUpstream(t, deterministic(resumeB, true, 3))
 	p := startProxy(t, resumeConfig(a, b, "30s"))
 	// 40 tokens do not split into threes: the seam falls inside a chunk.
+	start := time.Now()
 	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
 	body, err := faultRead(resp)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, read error %v; body %q", resp.StatusCode, err, tail(body, 300))
 	}
 	resumedStream(t, body, resumeFull, 60)
+	t.Logf("cut after 40 tokens, next upstream rejects prefill (400): replayed there, held back, one whole stream after %v", time.Since(start).Round(time.Millisecond))
 	calls := b.Calls()
 	if len(calls) != 2 {
 		t.Fatalf("second upstream got %d calls, want 2 (prefill, then replay)", len(calls))
@@ -356,9 +380,11 @@ func TestResumeReplayDiverges(t *testing.T) {
 	})
 	p := startProxy(t, resumeConfig(a, b, "30s", "prefill", false))
 	div0 := p.resumes("diverged")
+	start := time.Now()
 	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
 	body, err := faultRead(resp)
 	faultAbortedWith(t, body, err, strings.Join(first, ""), "stream_interrupted")
+	t.Logf("cut after 40 tokens, replay diverges: the 40 tokens, the error event, an abort after %v", time.Since(start).Round(time.Millisecond))
 	if d := p.resumes("diverged") - div0; d != 1 {
 		t.Errorf("resumes diverged counted %v, want 1", d)
 	}
@@ -389,9 +415,11 @@ func TestResumeNotInToolCall(t *testing.T) {
 	b := newUpstream(t, deterministic(resumeB, false, 1))
 	p := startProxy(t, resumeConfig(a, b, "30s"))
 	failed0 := p.resumes("failed")
+	start := time.Now()
 	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"read it"}],"tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}],"stream":true}`)
 	body, err := faultRead(resp)
 	faultAbortedWith(t, body, err, strings.Join(tool, ""), "stream_interrupted")
+	t.Logf("cut inside a tool call's arguments: not continued, the error event and an abort after %v", time.Since(start).Round(time.Millisecond))
 	if n := len(b.Calls()); n != 0 {
 		t.Errorf("second upstream got %d calls, want none", n)
 	}

@@ -92,6 +92,10 @@ func TestRetryAfterWaitedOut(t *testing.T) {
 		if got := resp.Header.Get("X-LLM-Route-Upstream"); got != "ra-a" {
 			t.Errorf("X-LLM-Route-Upstream = %q, want ra-a", got)
 		}
+		if got := resp.Header.Get("X-LLM-Route-Attempts"); got != "2" {
+			t.Errorf("X-LLM-Route-Attempts = %q, want 2 (the 429, then the retry after the wait)", got)
+		}
+		t.Logf("429 Retry-After 2 waited out: 200 from the same upstream after %v", elapsed.Round(time.Millisecond))
 		if d := p.requests("ra", "ra-a", "ra-p1", "429") - rate; d != 1 {
 			t.Errorf("429 counted %v times, want 1 (every attempt counts)", d)
 		}
@@ -122,6 +126,10 @@ func TestRetryAfterWaitedOut(t *testing.T) {
 		if n := len(first.Calls()) - before; n != 1 {
 			t.Errorf("first upstream got %d calls, want 1 (no wait, no retry)", n)
 		}
+		if got := resp.Header.Get("X-LLM-Route-Attempts"); got != "2" {
+			t.Errorf("X-LLM-Route-Attempts = %q, want 2 (the 429, then the spare)", got)
+		}
+		t.Logf("429 Retry-After 30 (above retry_after_wait): 200 from the spare after %v", elapsed.Round(time.Millisecond))
 		if c := p.upstreamGauge("cooling_seconds", "ra-a", "ra-p1"); c < 25 {
 			t.Errorf("first upstream cooling %vs, want about the 30 s it asked for", c)
 		}
@@ -217,6 +225,13 @@ func TestRetrySameUpstream(t *testing.T) {
 				if n := len(spare.Calls()); n != 0 {
 					t.Errorf("stream %v: spare got %d calls, want 0", stream, n)
 				}
+				if got := resp.Header.Get("X-LLM-Route-Attempts"); got != "2" {
+					t.Errorf("stream %v: X-LLM-Route-Attempts = %q, want 2 (the fault, then the retry)", stream, got)
+				}
+				if got := resp.Header.Get("X-LLM-Route-Upstream"); got != prefix+"-a" {
+					t.Errorf("stream %v: X-LLM-Route-Upstream = %q, want %s-a", stream, got, prefix)
+				}
+				t.Logf("%s, stream %v: 200 from the same upstream after %v", c.name, stream, elapsed.Round(time.Millisecond))
 				if elapsed < 250*time.Millisecond {
 					t.Errorf("stream %v: answered after %v; the retry pauses at least 250 ms", stream, elapsed)
 				}
@@ -247,6 +262,9 @@ func TestRetrySameUpstream(t *testing.T) {
 		if n := len(first.Calls()); n != 1 {
 			t.Errorf("first upstream got %d calls, want 1", n)
 		}
+		if got := resp.Header.Get("X-LLM-Route-Attempts"); got != "2" {
+			t.Errorf("X-LLM-Route-Attempts = %q, want 2 (the 500, then the spare)", got)
+		}
 	})
 }
 
@@ -260,6 +278,9 @@ func TestRetriesExhausted(t *testing.T) {
 	resp := p.chat(chatBody("re", false))
 	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || answerText(t, body) != "from the spare" {
 		t.Fatalf("status %d body %s; want the spare's answer", resp.StatusCode, body)
+	}
+	if got := resp.Header.Get("X-LLM-Route-Attempts"); got != "4" {
+		t.Errorf("X-LLM-Route-Attempts = %q, want 4 (1 + retries 2 on the first, then the spare)", got)
 	}
 	if n := len(first.Calls()); n != 3 {
 		t.Errorf("first upstream got %d calls, want 3 (1 + retries 2)", n)

@@ -4,6 +4,7 @@ package integration
 // proxy's answers, "param": null in its error bodies.
 
 import (
+	"context"
 	"net/http"
 	"regexp"
 	"strings"
@@ -140,5 +141,103 @@ func TestRouteHeadersOff(t *testing.T) {
 	body := readAll(t, resp)
 	if resp.StatusCode != http.StatusNotFound || resp.Header.Get("X-Request-Id") != "abc" || !strings.Contains(body, `"param":null`) {
 		t.Errorf("unknown model: %d id %q body %s", resp.StatusCode, resp.Header.Get("X-Request-Id"), body)
+	}
+}
+
+// TestRouteHeadersSkippedForSize: X-LLM-Route-Skipped names the upstreams a
+// request was too large for (`id=context_window N`, N its window) and
+// those whose provider had no long-context slot free (`id=long_context
+// inflight/limit`), in the model's order, next to the other reasons; the
+// proxy's own context-length 400 lists every upstream as too small.
+func TestRouteHeadersSkippedForSize(t *testing.T) {
+	small := newUpstream(t, completion("small"))
+	big := newUpstream(t, status(http.StatusInternalServerError))
+	g := newGate()
+	long := newUpstream(t, g.handler(completion("long")))
+	t.Cleanup(g.open)
+	p := startProxy(t, cfg(
+		[]map[string]any{
+			obj("id", "sz-p", "url", small.base()),
+			obj("id", "sz-q", "url", big.base(), "backoff", "30s", "probe_interval", "0s"),
+			obj("id", "sz-g", "url", long.base(), "long_context_capacity", 1),
+		},
+		[]map[string]any{
+			obj("id", "sz-s", "provider", "sz-p", "model", "s", "context_window", 1000),
+			obj("id", "sz-b", "provider", "sz-q", "model", "b", "context_window", 8000),
+			obj("id", "sz-l", "provider", "sz-g", "model", "l", "max_concurrency", 4),
+		},
+		[]map[string]any{
+			obj("name", "sz", "upstreams", []string{"sz-s", "sz-b"}),
+			obj("name", "sz-small", "upstreams", []string{"sz-s"}),
+			obj("name", "sz-long", "upstreams", []string{"sz-s", "sz-l"}, "queue_size", 0),
+		},
+		"long_context_threshold", 500, "request_timeout", "20s",
+	))
+
+	// Too large for sz-s; sz-b fails: a 503 naming both reasons.
+	resp := p.chat(longChat("sz", 2000, 0))
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503: %s", resp.StatusCode, body)
+	}
+	if got, want := resp.Header.Get("X-LLM-Route-Skipped"), "sz-s=context_window 1000, sz-b=failed 5xx 500"; got != want {
+		t.Errorf("skipped %q, want %q", got, want)
+	}
+	if n := len(small.Calls()); n != 0 {
+		t.Errorf("the small upstream got %d calls for a prompt it cannot hold", n)
+	}
+
+	// No upstream large enough: the proxy's 400 says so for each.
+	resp = p.chat(longChat("sz-small", 2000, 0))
+	expectAPIError(t, resp, http.StatusBadRequest, "context_length_exceeded")
+	if got, want := resp.Header.Get("X-LLM-Route-Skipped"), "sz-s=context_window 1000"; got != want {
+		t.Errorf("skipped on the context-length 400: %q, want %q", got, want)
+	}
+
+	// sz-l's provider has one long slot; a long request holds it, the
+	// next one finds sz-s too small and sz-l without a long slot.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held := p.goChat(ctx, longChat("sz-long", 2000, 0))
+	g.waitArrivals(t, 1)
+	start := time.Now()
+	resp = p.chat(longChat("sz-long", 2000, 0))
+	body = readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503: %s", resp.StatusCode, body)
+	}
+	if got, want := resp.Header.Get("X-LLM-Route-Skipped"), "sz-s=context_window 1000, sz-l=long_context 1/1"; got != want {
+		t.Errorf("skipped with the long slot taken: %q, want %q", got, want)
+	}
+	t.Logf("long request with the one long-context slot taken, no queue: 503 after %v", time.Since(start).Round(time.Millisecond))
+	g.open()
+	if r := await(t, held); r.status != http.StatusOK {
+		t.Errorf("held long request: %d %s", r.status, r.body)
+	}
+}
+
+// TestRouteHeadersSkippedAtProviderCapacity: an upstream with slots free
+// whose provider is at its capacity is named `id=provider_capacity n/cap`,
+// not busy.
+func TestRouteHeadersSkippedAtProviderCapacity(t *testing.T) {
+	g := newGate()
+	up := newUpstream(t, g.handler(completion("held")))
+	t.Cleanup(g.open)
+	conf := capacityConfig(up, "ua")
+	conf["queue_size"] = 0
+	p := startProxy(t, conf)
+	held := p.goChat(context.Background(), chatBody("a", false))
+	g.waitArrivals(t, 1)
+	resp := p.chat(chatBody("b", false))
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503: %s", resp.StatusCode, body)
+	}
+	if got, want := resp.Header.Get("X-LLM-Route-Skipped"), "ub=provider_capacity 1/1"; got != want {
+		t.Errorf("skipped %q, want %q", got, want)
+	}
+	g.open()
+	if r := await(t, held); r.status != http.StatusOK {
+		t.Errorf("held request: %d %s", r.status, r.body)
 	}
 }

@@ -1,9 +1,14 @@
 package integration
 
-// The fault soak (issue #6): a real Caddy with llm_route in front of three
-// fake upstream servers (four upstreams) that break at random on every
+// The fault soak (issues #6, #14): a real Caddy with llm_route in front of
+// four fake upstream servers (six upstreams) that break at random on every
 // request, clients that cancel at random, and a config reload every second
-// with changed limits, queue sizes and timeouts.
+// with changed limits, queue sizes, timeouts, provider capacity and
+// prefill settings. Same-upstream retries are on for two providers, and
+// three models continue broken streams (resume on): every upstream gives
+// the same answer to the same request (derived from the id in its prompt),
+// continues an assistant prefill with only the rest, or refuses prefill
+// (c1 always, d2 half the time) as newer models do.
 //
 // Default: a short run (~30s, fits CI with -race). Long run:
 //
@@ -27,10 +32,15 @@ package integration
 //     drops a request it reads after the old server's Shutdown began), and
 //     a completion aborted mid-body when its upstream trickled the body
 //     until request_timeout (a JSON body cannot carry an error event);
-//   - no upstream ever had more requests in flight than a limit in force
-//     (the exact invariant is at soakCheckLimits);
-//   - afterwards every inflight gauge and queue depth is 0 and the goroutine
-//     count is back to its baseline.
+//     for a model with resume on, a stream continued elsewhere
+//     (soakCheckResumed): one answer, whole or cut by the error event;
+//   - no upstream ever had more requests in flight than a limit in force,
+//     nor sp-a's upstreams together more than its capacity (the exact
+//     invariant is at soakCheckLimits);
+//   - streams were resumed (llm_proxy_stream_resumes_total ok > 0) and
+//     retried on the same upstream;
+//   - afterwards every inflight gauge (upstream and provider) and queue
+//     depth is 0 and the goroutine count is back to its baseline.
 
 import (
 	"context"
@@ -67,7 +77,7 @@ const soakGrace = 150 * time.Millisecond
 const soakEnvKey = "sk-soak-env-key-a-5e1d"
 
 // soakKeys are every provider key of the soak, to look for in the logs.
-var soakKeys = []string{soakEnvKey, "sk-soak-secret-b-93c2", "sk-soak-secret-c-0a7f"}
+var soakKeys = []string{soakEnvKey, "sk-soak-secret-b-93c2", "sk-soak-secret-c-0a7f", "sk-soak-secret-d-71be"}
 
 // soakClientKey is the client key every soak request sends (SPEC §16): a
 // budget too large to refuse, so every attempt reserves and settles under
@@ -110,6 +120,13 @@ type soakServer struct {
 	*httptest.Server
 	auth  string          // expected Authorization
 	think map[string]bool // upstreams that answer with <think> content
+	// rejectPrefill is, per upstream, the percentage of requests ending in
+	// an assistant message that get a 400, as from providers whose newer
+	// models refuse prefill; the others continue the prefilled text (answer
+	// only the rest).
+	rejectPrefill map[string]int
+	// streamFaults replaces soakStreamFaults for some upstreams.
+	streamFaults map[string][]soakFault
 
 	mu     sync.Mutex
 	rnd    *rand.Rand
@@ -141,6 +158,11 @@ type soakFault struct {
 var (
 	soakStreamFaults = []soakFault{{"ok", 30}, {"junk", 6}, {"trickle", 8}, {"s500", 3}, {"s502", 2}, {"s503", 3},
 		{"s429", 6}, {"s402", 2}, {"s400", 3}, {"hang", 4}, {"stall", 5}, {"reset", 5}, {"cut", 5}, {"reset0", 2}}
+	// soakBreakFaults break streams mid-way more often than not (d1), and
+	// soakSteadyFaults seldom fail (d2, the fallback that takes over).
+	soakBreakFaults  = []soakFault{{"ok", 30}, {"junk", 3}, {"trickle", 5}, {"s500", 3}, {"s429", 3}, {"stall", 15}, {"reset", 15}, {"cut", 15}}
+	soakSteadyFaults = []soakFault{{"ok", 80}, {"junk", 1}, {"trickle", 4}, {"s500", 1}, {"s429", 1}, {"s400", 1},
+		{"stall", 2}, {"reset", 1}, {"cut", 2}}
 	soakJSONFaults = []soakFault{{"ok", 40}, {"trickle", 8}, {"s500", 4}, {"s503", 3}, {"s429", 6}, {"s402", 2},
 		{"s400", 3}, {"hang", 3}, {"reset0", 3}}
 )
@@ -184,10 +206,14 @@ func (s *soakServer) serve(w http.ResponseWriter, r *http.Request) {
 		s.badAuth.Add(1)
 	}
 	var req struct {
-		Model  string `json:"model"`
-		Stream bool   `json:"stream"`
+		Model    string `json:"model"`
+		Stream   bool   `json:"stream"`
+		Messages []struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"messages"`
 	}
-	if json.Unmarshal(body, &req) != nil {
+	if json.Unmarshal(body, &req) != nil || len(req.Messages) == 0 {
 		s.badReq.Add(1)
 	}
 	idHdr := r.Header.Get("X-Soak-Id")
@@ -200,12 +226,28 @@ func (s *soakServer) serve(w http.ResponseWriter, r *http.Request) {
 		writeStream(w, sseChunks("4"), 0)
 		return
 	}
+	// The answer follows from the request alone: the id in its prompt
+	// (which the header repeats), so that every upstream gives the same
+	// answer and a continuation elsewhere can finish it.
 	id, _ := strconv.ParseInt(idHdr, 10, 64)
+	if len(req.Messages) == 0 || req.Messages[0].Content != soakPrompt(id) {
+		s.badReq.Add(1)
+	}
+	prefill, hasPrefill := "", false
+	if n := len(req.Messages); n > 1 && req.Messages[n-1].Role == "assistant" {
+		prefill, hasPrefill = req.Messages[n-1].Content, true
+	}
 	faults := soakJSONFaults
 	if req.Stream {
 		faults = soakStreamFaults
+		if f := s.streamFaults[req.Model]; f != nil {
+			faults = f
+		}
 	}
 	fault := s.pick(faults)
+	if hasPrefill && s.intn(100) < s.rejectPrefill[req.Model] {
+		fault = "prefill_rejected"
+	}
 	defer func() {
 		s.mu.Lock()
 		s.recs = append(s.recs, soakRec{upstream: req.Model, id: id, arrive: arrive, end: time.Now(), fault: fault})
@@ -233,6 +275,11 @@ func (s *soakServer) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
 		io.WriteString(w, soak400)
+		return
+	case "prefill_rejected":
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":{"message":"This model does not support assistant message prefill. The conversation must end with a user message.","type":"invalid_request_error"}}`)
 		return
 	case "hang":
 		<-r.Context().Done()
@@ -265,7 +312,10 @@ func (s *soakServer) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	events := soakEvents(req.Model, id, think, fault == "junk", s.intn)
+	if !hasPrefill {
+		prefill = ""
+	}
+	events := soakEvents(req.Model, id, think, fault == "junk", s.intn, prefill)
 	switch fault {
 	case "stall":
 		writeStream(w, events[:s.intn(len(events)-1)], 0) // 0 events: headers only
@@ -324,9 +374,19 @@ func (s *soakServer) split(b string, n int) []string {
 // soak400 is the upstream's own client error, passed through by the proxy.
 const soak400 = `{"error":{"message":"soak says the request is bad","type":"invalid_request_error","code":"soak_bad_request"}}`
 
-// soakAnswer and soakReasoning are the texts of request id at upstream up.
-func soakAnswer(up string, id int64) string {
-	return fmt.Sprintf("soak %s %d says hello world", up, id)
+// soakPrompt is the user message of request id: the fake upstreams derive
+// their answer from it.
+func soakPrompt(id int64) string { return fmt.Sprintf("soak request %d", id) }
+
+// soakBody is the chat request of request id.
+func soakBody(model string, stream bool, id int64) string {
+	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"stream":%v}`, model, soakPrompt(id), stream)
+}
+
+// soakAnswer is the answer to request id, the same at every upstream;
+// soakReasoning is a think upstream's reasoning before it.
+func soakAnswer(id int64) string {
+	return fmt.Sprintf("soak %d says hello world, and then a few more words so that a stream can break at many places", id)
 }
 func soakReasoning(up string, id int64) string { return fmt.Sprintf("thinking about %d at %s", id, up) }
 
@@ -334,17 +394,35 @@ func soakReasoning(up string, id int64) string { return fmt.Sprintf("thinking ab
 // block for a split upstream.
 func soakText(up string, id int64, think bool) string {
 	if think {
-		return "<think>" + soakReasoning(up, id) + "</think>" + soakAnswer(up, id)
+		return "<think>" + soakReasoning(up, id) + "</think>" + soakAnswer(id)
 	}
-	return soakAnswer(up, id)
+	return soakAnswer(id)
 }
 
-// soakEvents is the SSE stream of request id. For a think upstream the
-// content is cut at random places (tags split across chunks); otherwise it
-// is deterministic, so the client can check the bytes. junk adds a data
-// line that is not JSON and a comment.
-func soakEvents(up string, id int64, think, junk bool, intn func(int) int) []string {
+// soakUpstreams are the soak's upstream ids; each stamps its own chunk id
+// and created (soakChunkID, soakCreated), so the client can tell whose
+// identity a continued stream carries.
+var soakUpstreams = []string{"a1", "a2", "b1", "c1", "d1", "d2"}
+
+func soakChunkID(up string, id int64) string { return fmt.Sprintf("chatcmpl-%s-%d", up, id) }
+
+func soakCreated(up string) int { return 100 + slices.Index(soakUpstreams, up) }
+
+// soakEvents is the SSE stream of request id: a role chunk, the content,
+// a finish chunk and [DONE]. For a think upstream the content is cut at
+// random places (tags split across chunks); otherwise it is deterministic,
+// so the client can check the bytes. junk adds a data line that is not JSON
+// and a comment. prefill is the text of a final assistant message: the
+// stream continues it (only the rest of the text), as a model does.
+func soakEvents(up string, id int64, think, junk bool, intn func(int) int, prefill string) []string {
 	text := soakText(up, id, think)
+	if prefill != "" {
+		rest, ok := strings.CutPrefix(text, prefill)
+		if !ok {
+			rest = "PREFILL-MISMATCH" // a mix the client's checker must catch
+		}
+		text = rest
+	}
 	var parts []string
 	if think {
 		for len(text) > 0 {
@@ -354,25 +432,30 @@ func soakEvents(up string, id int64, think, junk bool, intn func(int) int) []str
 	} else {
 		parts = strings.SplitAfter(text, " ")
 	}
-	chunk := func(delta string) string {
-		return fmt.Sprintf(`data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":%s,"finish_reason":null}]}`+"\n\n", id, up, delta)
+	chunk := func(delta, finish string) string {
+		return fmt.Sprintf(`data: {"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"choices":[{"index":0,"delta":%s,"finish_reason":%s}]}`+"\n\n",
+			soakChunkID(up, id), soakCreated(up), up, delta, finish)
 	}
-	var events []string
+	events := []string{chunk(`{"role":"assistant","content":""}`, "null")}
 	for i, p := range parts {
+		if p == "" {
+			continue
+		}
 		q, _ := json.Marshal(p)
-		events = append(events, chunk(`{"content":`+string(q)+`}`))
+		events = append(events, chunk(`{"content":`+string(q)+`}`, "null"))
 		if junk && i == 0 {
 			events = append(events, "data: {soak-junk not json\n\n", ": soak comment\n\n")
 		}
 	}
-	events = append(events, fmt.Sprintf(`data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n", id, up))
+	events = append(events, chunk(`{}`, `"stop"`))
 	return append(events, "data: [DONE]\n\n")
 }
 
 // soakJSON is the non-stream completion of request id.
 func soakJSON(up string, id int64, think bool) string {
 	q, _ := json.Marshal(soakText(up, id, think))
-	return fmt.Sprintf(`{"id":"chatcmpl-%d","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%s},"finish_reason":"stop"}]}`, id, up, q)
+	return fmt.Sprintf(`{"id":%q,"object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%s},"finish_reason":"stop"}]}`,
+		soakChunkID(up, id), soakCreated(up), up, q)
 }
 
 // soakGen is one config the soak loaded, with the time window of its load
@@ -387,31 +470,51 @@ type soakGen struct {
 var soakForward = []string{"X-Soak-Id"}
 
 // soakConfig draws a config: limits, queue size, timeouts.
-func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string]int) {
+func soakConfig(rnd *rand.Rand, a, b, c, d *soakServer) (map[string]any, map[string]int) {
 	pick := func(vals ...string) string { return vals[rnd.Intn(len(vals))] }
-	limits := map[string]int{"a1": 1 + rnd.Intn(2), "a2": 1 + rnd.Intn(2), "b1": 2 + rnd.Intn(2), "c1": 3 + rnd.Intn(2)}
+	limits := map[string]int{"a1": 1 + rnd.Intn(2), "a2": 1 + rnd.Intn(2), "b1": 2 + rnd.Intn(2), "c1": 3 + rnd.Intn(2), "d1": 5 + rnd.Intn(2), "d2": 3 + rnd.Intn(2),
+		"sp-a": 2 + rnd.Intn(2)} // sp-a: the provider capacity over a1 and a2
 	fb, idle := pick("300ms", "500ms"), pick("300ms", "500ms")
 	conf := cfg(
 		[]map[string]any{
 			obj("id", "sp-a", "url", a.base(), "key", "{env.LLM_ROUTE_SOAK_KEY}", "backoff", "2s", "probe_interval", "200ms",
-				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward, "retries", 1),
+				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward, "retries", 1,
+				"capacity", limits["sp-a"]),
 			obj("id", "sp-b", "url", b.base(), "key", soakKeys[1], "think_tags", "split",
 				"first_byte_timeout", fb, "stream_idle_timeout", idle, "forward_headers", soakForward),
 			obj("id", "sp-c", "url", c.base(), "key", soakKeys[2], "first_byte_timeout", fb, "stream_idle_timeout", idle,
 				"forward_headers", soakForward, "retries", rnd.Intn(2), "retry_after_wait", pick("0s", "300ms")),
+			obj("id", "sp-d", "url", d.base(), "key", soakKeys[3], "first_byte_timeout", fb, "stream_idle_timeout", idle,
+				"forward_headers", soakForward),
 		},
 		[]map[string]any{
 			obj("id", "a1", "provider", "sp-a", "model", "a1", "max_concurrency", limits["a1"]),
 			obj("id", "a2", "provider", "sp-a", "model", "a2", "max_concurrency", limits["a2"]),
 			obj("id", "b1", "provider", "sp-b", "model", "b1", "max_concurrency", limits["b1"]),
-			obj("id", "c1", "provider", "sp-c", "model", "c1", "max_concurrency", limits["c1"], "backoff", "1s", "probe_interval", "300ms"),
+			// c1's server refuses prefill: with prefill on (the default) a
+			// continuation there is refused and replayed, with it off replayed.
+			obj("id", "c1", "provider", "sp-c", "model", "c1", "max_concurrency", limits["c1"], "backoff", "1s", "probe_interval", "300ms",
+				"prefill", rnd.Intn(2) == 0),
+			// d1 and d2 serve soak-resume only. d1's streams break mid-way
+			// more often than not; d2, second and steadier, is seldom full
+			// or cooling, and both cool only briefly (so that soak-resume's
+			// requests seldom start on d2): the continuations of d1's broken
+			// streams mostly find d2 free. The other resume models' next
+			// upstreams are mostly full, so their breaks mostly end in the
+			// error event (resume failed: no upstream). d2 refuses half the prefills (replayed on the same
+			// slot); with prefill off it is sent replays.
+			obj("id", "d1", "provider", "sp-d", "model", "d1", "max_concurrency", limits["d1"], "backoff", "250ms", "probe_interval", "200ms"),
+			obj("id", "d2", "provider", "sp-d", "model", "d2", "max_concurrency", limits["d2"], "prefill", rnd.Intn(2) == 0,
+				"backoff", "250ms", "probe_interval", "200ms"),
 		},
 		[]map[string]any{
-			obj("name", "soak-fast", "upstreams", []string{"a1", "c1"}),
+			// The models without the think upstream continue broken streams.
+			obj("name", "soak-fast", "upstreams", []string{"a1", "c1"}, "resume", "on"),
 			obj("name", "soak-think", "upstreams", []string{"b1", "a2"}),
 			obj("name", "soak-queue", "upstreams", []string{"a2", "c1"}, "queue_size", 2+2*rnd.Intn(3),
-				"queue_timeout", pick("500ms", "1s")),
+				"queue_timeout", pick("500ms", "1s"), "resume", "on"),
 			obj("name", "soak-all", "upstreams", []string{"a1", "a2", "b1", "c1"}),
+			obj("name", "soak-resume", "upstreams", []string{"d1", "d2"}, "resume", "on"),
 		},
 		"request_timeout", pick("2s", "3s"), "heartbeat_interval", pick("100ms", "150ms"), "retry_after_max", "1s",
 		"keys", []any{obj("id", "soak-client", "secret", "{env.LLM_ROUTE_SOAK_CLIENT}", "tokens_per_day", 1_000_000_000_000)})
@@ -424,7 +527,11 @@ func soakConfig(rnd *rand.Rand, a, b, c *soakServer) (map[string]any, map[string
 // soakState is the handler's state block in the soak (nil: memory).
 var soakState map[string]any
 
-var soakModels = []string{"soak-fast", "soak-think", "soak-queue", "soak-all"}
+var soakModels = []string{"soak-fast", "soak-think", "soak-queue", "soak-all", "soak-resume"}
+
+// soakResume are the models with resume on: a stream of theirs may be
+// finished by another upstream than the one that started it.
+var soakResume = map[string]bool{"soak-fast": true, "soak-queue": true, "soak-resume": true}
 
 // soakDuration is the run length: LLM_ROUTE_SOAK (a Go duration) or 30s.
 func soakDuration(t *testing.T) time.Duration {
@@ -464,10 +571,14 @@ func TestFaultSoak(t *testing.T) {
 	a := newSoakServer(t, seed+1, "Bearer "+soakEnvKey)
 	b := newSoakServer(t, seed+2, "Bearer "+soakKeys[1], "b1")
 	c := newSoakServer(t, seed+3, "Bearer "+soakKeys[2])
-	servers := []*soakServer{a, b, c}
+	c.rejectPrefill = map[string]int{"c1": 100}
+	d := newSoakServer(t, seed+4, "Bearer "+soakKeys[3])
+	d.rejectPrefill = map[string]int{"d2": 50}
+	d.streamFaults = map[string][]soakFault{"d1": soakBreakFaults, "d2": soakSteadyFaults}
+	servers := []*soakServer{a, b, c, d}
 
 	var gens []soakGen
-	conf, limits := soakConfig(rnd, a, b, c)
+	conf, limits := soakConfig(rnd, a, b, c, d)
 	start := time.Now()
 	p := startProxy(t, conf)
 	load := soakStableListener(t, p)
@@ -476,7 +587,7 @@ func TestFaultSoak(t *testing.T) {
 
 	// Warm up, then take the goroutine baseline.
 	for _, stream := range []bool{false, true} {
-		if resp, err := p.post(context.Background(), chatBody("soak-fast", stream), "X-Soak-Id", "0", "Authorization", "Bearer "+soakClientKey); err == nil {
+		if resp, err := p.post(context.Background(), soakBody("soak-fast", stream, 0), "X-Soak-Id", "0", "Authorization", "Bearer "+soakClientKey); err == nil {
 			_, _ = faultRead(resp)
 		}
 	}
@@ -553,7 +664,7 @@ func TestFaultSoak(t *testing.T) {
 	tick := time.NewTicker(time.Second)
 	for time.Now().Before(deadline) {
 		<-tick.C
-		conf, limits := soakConfig(rnd, a, b, c)
+		conf, limits := soakConfig(rnd, a, b, c, d)
 		g := soakGen{limits: limits, start: time.Now()}
 		load(conf)
 		g.end = time.Now()
@@ -566,7 +677,8 @@ func TestFaultSoak(t *testing.T) {
 	// Quiet again: no slot held, nobody queued.
 	faultEventually(t, 60*time.Second, "inflight gauges and queue depths 0", func() bool {
 		for _, line := range strings.Split(p.metrics(), "\n") {
-			if (strings.HasPrefix(line, "llm_proxy_upstream_inflight{") || strings.HasPrefix(line, "llm_proxy_queue_depth{")) &&
+			if (strings.HasPrefix(line, "llm_proxy_upstream_inflight{") || strings.HasPrefix(line, "llm_proxy_queue_depth{") ||
+				strings.HasPrefix(line, "llm_proxy_provider_inflight{")) &&
 				!strings.HasSuffix(line, " 0") {
 				return false
 			}
@@ -665,8 +777,17 @@ func TestFaultSoak(t *testing.T) {
 			t.Errorf("%d request bodies at %s were not JSON", n, s.URL)
 		}
 	}
+	// sp-a's capacity bounds a1 and a2 together: checked as one more
+	// "upstream" whose requests are both of theirs.
+	checked := slices.Clone(recs)
+	for _, r := range recs {
+		if r.upstream == "a1" || r.upstream == "a2" {
+			r.upstream = "sp-a"
+			checked = append(checked, r)
+		}
+	}
 	startsMu.Lock()
-	peaks := soakCheckLimits(t, recs, starts, gens)
+	peaks := soakCheckLimits(t, checked, starts, gens)
 	startsMu.Unlock()
 
 	logs := p.logs()
@@ -698,6 +819,24 @@ func TestFaultSoak(t *testing.T) {
 	} else {
 		t.Logf("%d same-upstream retries", n)
 	}
+
+	// Broken streams of the resume models were finished elsewhere.
+	resumes := soakResumes(p.metrics())
+	if resumes["ok"] == 0 || outcomes["stream_resumed"] == 0 {
+		t.Errorf("no stream resumed in the whole soak: llm_proxy_stream_resumes_total %v, %d continued streams seen",
+			resumes, outcomes["stream_resumed"])
+	} else {
+		t.Logf("stream resumes: %v", resumes)
+	}
+	why := map[string]int{}
+	for _, e := range p.logEntries("stream resume failed") {
+		why[fmt.Sprint(e["reason"], "@", e["model"], "/", e["from"])]++
+	}
+	for _, e := range p.logEntries("continuing stream") {
+		why["path "+fmt.Sprint(e["path"])]++
+	}
+	why["prefill rejected"] = len(p.logEntries("prefill rejected, replaying"))
+	t.Logf("continuations: %s", soakCounts(why))
 
 	// Goroutines back to the baseline.
 	const tolerance = 10
@@ -804,6 +943,23 @@ func soakGoroutines() string {
 		fmt.Fprintf(&b, "%4d %s\n", groups[k], k)
 	}
 	return b.String()
+}
+
+// soakResumes sums llm_proxy_stream_resumes_total over the models, by result.
+func soakResumes(metrics string) map[string]float64 {
+	out := map[string]float64{}
+	for _, line := range strings.Split(metrics, "\n") {
+		rest, ok := strings.CutPrefix(line, "llm_proxy_stream_resumes_total{")
+		if !ok {
+			continue
+		}
+		labels, value, _ := strings.Cut(rest, "} ")
+		_, result, _ := strings.Cut(labels, `result="`)
+		result, _, _ = strings.Cut(result, `"`)
+		v, _ := strconv.ParseFloat(value, 64)
+		out[result] += v
+	}
+	return out
 }
 
 // soakCounts renders a count map sorted by key.
@@ -919,7 +1075,7 @@ func soakRequest(p *proxy, id int64, model string, stream bool, cancelAfter time
 		tm := time.AfterFunc(cancelAfter, func() { cancelled.Store(true); cancel() })
 		defer tm.Stop()
 	}
-	resp, err := p.post(ctx, chatBody(model, stream), "X-Soak-Id", strconv.FormatInt(id, 10), "Authorization", "Bearer "+soakClientKey)
+	resp, err := p.post(ctx, soakBody(model, stream, id), "X-Soak-Id", strconv.FormatInt(id, 10), "Authorization", "Bearer "+soakClientKey)
 	if err != nil {
 		if cancelled.Load() {
 			return "client_cancel", ""
@@ -933,7 +1089,7 @@ func soakRequest(p *proxy, id int64, model string, stream bool, cancelAfter time
 	if rerr != nil && cancelled.Load() {
 		return "client_cancel", ""
 	}
-	class, problem = soakClassify(resp, body, rerr, id)
+	class, problem = soakClassify(resp, body, rerr, id, soakResume[model])
 	if problem != "" && cancelled.Load() {
 		return "client_cancel", "" // cut by our own cancel, whatever it looked like
 	}
@@ -944,7 +1100,7 @@ func soakRequest(p *proxy, id int64, model string, stream bool, cancelAfter time
 var soakProxyCodes = map[string]bool{"all_upstreams_failed": true, "all_upstreams_busy": true, "all_upstreams_cooling": true,
 	"queue_full": true, "queue_timeout": true}
 
-func soakClassify(resp *http.Response, body string, rerr error, id int64) (class, problem string) {
+func soakClassify(resp *http.Response, body string, rerr error, id int64, resume bool) (class, problem string) {
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusBadRequest:
@@ -998,7 +1154,7 @@ func soakClassify(resp *http.Response, body string, rerr error, id int64) (class
 		if err := json.Unmarshal([]byte(body), &c); err != nil || len(c.Choices) != 1 {
 			return "bad", fmt.Sprintf("completion does not parse: %v: %q", err, body)
 		}
-		if m := c.Choices[0].Message; m.Content != soakAnswer(up, id) || m.ReasoningContent != soakReasoning(up, id) {
+		if m := c.Choices[0].Message; m.Content != soakAnswer(id) || m.ReasoningContent != soakReasoning(up, id) {
 			return "bad", fmt.Sprintf("think tags not split: content %q reasoning %q", m.Content, m.ReasoningContent)
 		}
 		return "json_ok", ""
@@ -1019,21 +1175,126 @@ func soakClassify(resp *http.Response, body string, rerr error, id int64) (class
 	} else if strings.Contains(rest, `data: {"error"`) {
 		return "bad", fmt.Sprintf("error event in a stream that ended cleanly: %q", tail(rest, 300))
 	}
-	if !think {
-		want := strings.Join(soakEvents(up, id, false, resp.Header.Get("X-Soak-Fault") == "junk", nil), "")
-		switch {
-		case complete && rest != want:
-			return "bad", fmt.Sprintf("stream differs from the upstream's:\n got %q\nwant %q", rest, want)
-		case !complete && !strings.HasPrefix(want, rest) && !strings.HasPrefix(want, strings.TrimSuffix(rest, "\n\n")):
+	if think {
+		if err := soakCheckThink(rest, up, id, complete); err != nil {
+			return "bad", err.Error()
+		}
+	} else if want := strings.Join(soakEvents(up, id, false, resp.Header.Get("X-Soak-Fault") == "junk", nil, ""), ""); complete && rest != want ||
+		!complete && !strings.HasPrefix(want, rest) && !strings.HasPrefix(want, strings.TrimSuffix(rest, "\n\n")) {
+		// Not the first upstream's bytes: only a continued stream may differ.
+		if !resume {
+			if complete {
+				return "bad", fmt.Sprintf("stream differs from the upstream's:\n got %q\nwant %q", rest, want)
+			}
 			return "bad", fmt.Sprintf("stream before the error event is not the upstream's: %q", tail(rest, 300))
 		}
-	} else if err := soakCheckThink(rest, up, id, complete); err != nil {
-		return "bad", err.Error()
+		if err := soakCheckResumed(rest, id, complete); err != nil {
+			return "bad", err.Error()
+		}
+		if complete {
+			return "stream_resumed", ""
+		}
+		return "stream_error_resumed:" + code, ""
 	}
 	if complete {
 		return "stream_ok", ""
 	}
 	return "stream_error:" + code, ""
+}
+
+// soakCheckResumed checks a stream that is not byte for byte one
+// upstream's, of a model with resume on: it must read as one answer to
+// request id. Every event is a chat chunk with one choice 0 (or a comment,
+// or [DONE]); all chunks carry one identity (id, created, model) that an
+// upstream of the soak gives this request (the first upstream's whenever
+// it sent a chunk, as it sends the first); one role chunk, first; a
+// finish_reason only on the last chunk. A complete stream has the role
+// chunk, text equal to the answer, a final "stop" and one [DONE] last;
+// one cut by an error event has a prefix of the answer and no [DONE]. Any
+// mix (text twice, a piece lost, PREFILL-MISMATCH) fails the text check.
+func soakCheckResumed(rest string, id int64, complete bool) error {
+	var text strings.Builder
+	ident, chunks, roles, finished, done := "", 0, 0, false, false
+	for _, ev := range strings.Split(strings.TrimSuffix(rest, "\n\n"), "\n\n") {
+		switch {
+		case ev == "" && rest == "":
+			continue
+		case done:
+			return fmt.Errorf("continued stream: event after [DONE]: %q", ev)
+		case strings.HasPrefix(ev, ":"):
+			continue
+		case ev == "data: [DONE]":
+			done = true
+			continue
+		}
+		payload, ok := strings.CutPrefix(ev, "data: ")
+		var ch struct {
+			ID      string          `json:"id"`
+			Created json.RawMessage `json:"created"`
+			Model   string          `json:"model"`
+			Choices []struct {
+				Index int `json:"index"`
+				Delta struct {
+					Role    string `json:"role"`
+					Content string `json:"content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if !ok || strings.Contains(payload, "\n") || json.Unmarshal([]byte(payload), &ch) != nil {
+			return fmt.Errorf("continued stream: event is not one JSON chunk: %q", ev)
+		}
+		if who := ch.ID + " " + string(ch.Created) + " " + ch.Model; ident == "" {
+			ident = who
+			if ch.ID != soakChunkID(ch.Model, id) || string(ch.Created) != strconv.Itoa(soakCreated(ch.Model)) {
+				return fmt.Errorf("continued stream: identity %q is no upstream's for request %d", who, id)
+			}
+		} else if who != ident {
+			return fmt.Errorf("continued stream: identity changed from %q to %q", ident, who)
+		}
+		if finished {
+			return fmt.Errorf("continued stream: chunk after the finish_reason: %q", ev)
+		}
+		if len(ch.Choices) != 1 || ch.Choices[0].Index != 0 {
+			return fmt.Errorf("continued stream: chunk without exactly choice 0: %q", ev)
+		}
+		c := ch.Choices[0]
+		if c.Delta.Role != "" {
+			roles++
+			if roles > 1 || chunks > 0 {
+				return fmt.Errorf("continued stream: a second or late role chunk: %q", ev)
+			}
+		}
+		text.WriteString(c.Delta.Content)
+		if c.FinishReason != nil {
+			if *c.FinishReason != "stop" {
+				return fmt.Errorf("continued stream: finish_reason %q", *c.FinishReason)
+			}
+			finished = true
+		}
+		chunks++
+	}
+	full := soakAnswer(id)
+	if !complete {
+		if done {
+			return fmt.Errorf("continued stream: [DONE] before the error event")
+		}
+		if !strings.HasPrefix(full, text.String()) {
+			return fmt.Errorf("continued stream cut: text %q is not a prefix of %q (a mix)", text.String(), full)
+		}
+		return nil
+	}
+	switch {
+	case !done:
+		return fmt.Errorf("continued stream: no [DONE]")
+	case roles != 1:
+		return fmt.Errorf("continued stream: no role chunk")
+	case !finished:
+		return fmt.Errorf("continued stream: no final finish_reason")
+	case text.String() != full:
+		return fmt.Errorf("continued stream: text\n got %q\nwant %q (a mix or a loss)", text.String(), full)
+	}
+	return nil
 }
 
 // soakStripKeepalives is faultStripKeepalives without a testing.TB.
@@ -1093,7 +1354,7 @@ func soakCheckThink(rest, up string, id int64, complete bool) error {
 			reasoning.WriteString(c.Delta.ReasoningContent)
 		}
 	}
-	wantC, wantR := soakAnswer(up, id), soakReasoning(up, id)
+	wantC, wantR := soakAnswer(id), soakReasoning(up, id)
 	if complete {
 		if !done || content.String() != wantC || reasoning.String() != wantR {
 			return fmt.Errorf("split stream: done %v content %q reasoning %q, want %q / %q", done, content.String(), reasoning.String(), wantC, wantR)

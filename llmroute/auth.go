@@ -192,6 +192,9 @@ func (h *Handler) provisionKeys() error {
 		h.keyIDs = append(h.keyIDs, k.id)
 	}
 	h.keyStore = keyStore
+	if h.fleet != nil {
+		h.keyStore = &fleetKeys{f: h.fleet, local: keyStore}
+	}
 	return nil
 }
 
@@ -240,6 +243,9 @@ func errRateLimited(retry time.Duration) apiError {
 }
 
 func errOverBudget(l keys.Limit, retry time.Duration) apiError {
+	if l == keys.LimitUnavailable { // the shared state is away and on_state_error is reject
+		return errAllBusy
+	}
 	return apiError{status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "insufficient_quota",
 		message: "this API key's " + l.String() + " budget is used up", retryAfter: ceilSeconds(retry)}
 }

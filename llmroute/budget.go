@@ -50,6 +50,8 @@ type keyReq struct {
 	// noOutput: an embeddings request, whose worst case is its input.
 	noOutput bool
 	hold     keys.Hold
+	// end ends the request's hold on a shared key store (fleetkeys.go).
+	end func()
 }
 
 // worstCase is the reservation of an attempt at u: the estimated input
@@ -106,6 +108,9 @@ func (h *Handler) admitKey(w http.ResponseWriter, r *http.Request, f front, k *c
 		return nil
 	}
 	h.keyStore.Settle(hold, keys.Amount{}, now)
+	if fk, ok := h.keyStore.(*fleetKeys); ok {
+		kr.end = fk.begin()
+	}
 	return kr
 }
 
@@ -170,12 +175,17 @@ func (h *Handler) settleAttempt(kr *keyReq, t *target, res attemptResult) {
 	}
 }
 
-// release gives back a reservation no settlement ended: the attempt
-// panicked (an aborted stream), so nothing is charged.
+// release ends the request: it gives back a reservation no settlement
+// ended (the attempt panicked, an aborted stream, so nothing is charged),
+// then its hold on a shared key store.
 func (kr *keyReq) release() {
 	if kr.hold.ID != "" {
 		kr.h.keyStore.Settle(kr.hold, keys.Amount{}, time.Now())
 		kr.hold = keys.Hold{}
+	}
+	if kr.end != nil {
+		kr.end()
+		kr.end = nil
 	}
 }
 

@@ -122,6 +122,9 @@ type fitRoutes struct {
 	long []*route
 	// threshold is the handler's long_context_threshold (0: off).
 	threshold int
+	// of is, in a variant, the route it was cut from: X-LLM-Route-Skipped
+	// names the upstreams left out as too small (nil in the route itself).
+	of *route
 }
 
 // prepareFit computes rt's size variants for the handler's
@@ -152,7 +155,7 @@ func (rt *route) restricted(j int, long bool) *route {
 		return rt
 	}
 	sub := *rt
-	sub.sizes = fitRoutes{}
+	sub.sizes = fitRoutes{of: rt}
 	sub.targets = nil
 	for _, t := range rt.targets {
 		if w := t.up.window; w > 0 && j > 0 && w <= rt.sizes.windows[j-1] {
@@ -168,6 +171,10 @@ func (rt *route) restricted(j int, long bool) *route {
 	}
 	return &sub
 }
+
+// noneFits is the variant of rt with no upstream left, for the
+// X-LLM-Route-Skipped header of the proxy's own context-length 400.
+func (rt *route) noneFits() *route { return &route{name: rt.name, sizes: fitRoutes{of: rt}} }
 
 // sized reports whether requests to rt need a size estimate.
 func (rt *route) sized() bool { return len(rt.sizes.windows) > 0 || len(rt.sizes.long) > 0 }

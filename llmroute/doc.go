@@ -30,7 +30,9 @@
 //   - capacity.go  provider capacity (pooled by provider id) and the one
 //     claim/release pair every slot goes through
 //   - fleet.go, stateconfig.go  the `state` block: memory (the pools above)
-//     or redis in front of them, with local fallback
+//     or redis in front of them, with local fallback; a redis fleet is
+//     pooled by its state block, so it outlives a reload that keeps it
+//   - fleetkeys.go  client keys' rates and budgets on the redis fleet
 //   - redisstate/  the Redis side, one Lua script per operation (no Caddy,
 //     no llmroute import; the request path sees it only through fleet.go)
 //   - queue.go     the process-wide FIFO scheduler of waiting requests

@@ -3,13 +3,17 @@ package llmroute
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -44,13 +48,22 @@ var stateErrors = prometheus.NewCounter(prometheus.CounterOpts{
 	Help: "Calls to the shared state backend (Redis) that failed or timed out.",
 })
 
-// fleet is one handler's redis state.
+// fleets pools the redis fleets by their state block (fleetPoolKey): a
+// reload that keeps the block keeps the fleet — its client, connections
+// and background work — so the requests of the old config go on claiming,
+// releasing and settling through a live client. A fleet whose last handler
+// is cleaned up is destructed: its listener and poll stop, and its client
+// closes once the last request holding it is done (fleet.use).
+var fleets = caddy.NewUsagePool()
+
+// fleet is the redis state of the handlers sharing one state block.
 type fleet struct {
 	store   *redisstate.Store
-	logger  *zap.Logger
-	reject  bool // on_state_error reject
+	logger  atomic.Pointer[zap.Logger] // the latest started config's
+	reject  bool                       // on_state_error reject
 	address string
 	ttl     time.Duration
+	poolKey string
 
 	// mu orders claims and releases (read side) against a renewal (write
 	// side), which rewrites this instance's counts from the local ones: a
@@ -64,44 +77,132 @@ type fleet struct {
 	// until the next renewal (lease_ttl/3).
 	recheck chan struct{}
 
-	stop context.CancelFunc
-	done chan struct{}
+	// users keeps the client open: one for the pool (given back by
+	// Destruct), one per call in progress and per shared reservation not
+	// yet settled. At zero the client is closed for good; use then fails.
+	users atomic.Int64
+	// retired: no handler uses the fleet any more, only requests that
+	// started under it; its renewals then only keep their reservations.
+	retired atomic.Bool
+
+	life         sync.Mutex // orders start against Destruct and the close
+	started      bool
+	stopMaintain context.CancelFunc
+	maintainDone chan struct{}
+	stopListen   context.CancelFunc
+	listenDone   chan struct{}
+}
+
+// fleetPoolKey names a state block by everything a fleet is built from,
+// the password only as a hash: a reload that changes any of it (the
+// timeout or on_state_error too) gets a fleet of its own.
+func fleetPoolKey(c StateConfig) string {
+	pw := sha256.Sum256([]byte(c.Password))
+	return strings.Join([]string{"redis", c.Address, c.Username, hex.EncodeToString(pw[:]), strconv.Itoa(c.DB),
+		c.Prefix, strconv.FormatBool(c.TLS), c.Timeout.String(), c.LeaseTTL.String(), c.OnStateError}, "\x00")
+}
+
+// acquireFleet returns the pooled fleet of the resolved state block c,
+// made on first use. The caller gives it back with fleets.Delete(f.poolKey).
+func acquireFleet(c StateConfig, logger *zap.Logger) *fleet {
+	key := fleetPoolKey(c)
+	v, _, _ := fleets.LoadOrNew(key, func() (caddy.Destructor, error) {
+		f := newFleet(c, logger)
+		f.poolKey = key
+		return f, nil
+	})
+	return v.(*fleet)
 }
 
 func newFleet(c StateConfig, logger *zap.Logger) *fleet {
 	ttl := time.Duration(*c.LeaseTTL)
-	return &fleet{
+	f := &fleet{
 		store: redisstate.Open(redisstate.Options{
 			Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB, TLS: c.TLS,
 			Prefix: c.Prefix, Timeout: time.Duration(*c.Timeout), LeaseTTL: ttl,
 		}, instanceID),
-		logger:  logger,
 		reject:  c.OnStateError == "reject",
 		address: c.Address,
 		ttl:     ttl,
 		recheck: make(chan struct{}, 1),
 	}
+	f.logger.Store(logger)
+	f.users.Store(1) // the pool's
+	return f
 }
 
-// start runs the background work: health and renewal, the wake listener,
-// the slow poll. Redis being down does not stop it: the fleet starts in
-// fallback and comes back by itself.
-func (f *fleet) start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	f.stop, f.done = cancel, make(chan struct{})
+// start runs the background work once, when the first of the fleet's
+// configs starts: health and renewal, the wake listener, the slow poll.
+// Redis being down does not stop it: the fleet starts in fallback and
+// comes back by itself. Later configs only bring their logger.
+func (f *fleet) start(logger *zap.Logger) {
+	f.logger.Store(logger)
+	f.life.Lock()
+	defer f.life.Unlock()
+	if f.started || f.retired.Load() {
+		return
+	}
+	f.started = true
+	renewing, stopMaintain := context.WithCancel(context.Background())
+	maintainDone := make(chan struct{})
+	f.stopMaintain, f.maintainDone = stopMaintain, maintainDone
+	go func() { defer close(maintainDone); f.maintain(renewing) }()
+	listening, stopListen := context.WithCancel(context.Background())
+	listenDone := make(chan struct{})
+	f.stopListen, f.listenDone = stopListen, listenDone
 	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() { defer wg.Done(); f.maintain(ctx) }()
-	go func() { defer wg.Done(); f.store.Listen(ctx, f.onEvent) }()
-	go func() { defer wg.Done(); f.poll(ctx) }()
-	go func() { wg.Wait(); close(f.done) }()
+	wg.Add(2)
+	go func() { defer wg.Done(); f.store.Listen(listening, f.onEvent) }()
+	go func() { defer wg.Done(); f.poll(listening) }()
+	go func() { wg.Wait(); close(listenDone) }()
 }
 
-// close stops the background work and the connections.
-func (f *fleet) close() {
-	if f.stop != nil {
-		f.stop()
-		<-f.done
+// Destruct implements caddy.Destructor: the fleet's last handler is gone.
+// The listener and the poll stop now (a running config on Redis has a
+// fleet of its own doing that); the client, and the renewal of the
+// reservations still held, stay until the last request is done.
+func (f *fleet) Destruct() error {
+	activeFleet.CompareAndSwap(f, nil)
+	f.life.Lock()
+	f.retired.Store(true)
+	stop, done := f.stopListen, f.listenDone
+	f.life.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+	f.done()
+	return nil
+}
+
+// use holds the client open for one call or one reservation; false when
+// it is closed already (a request of a config whose fleet is gone, which
+// then uses this instance's own accounting).
+func (f *fleet) use() bool {
+	for {
+		n := f.users.Load()
+		if n <= 0 {
+			return false
+		}
+		if f.users.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// done gives back a hold of use (or the pool's). The last one stops the
+// renewals (a call in progress is bounded by the state timeout) and closes
+// the client.
+func (f *fleet) done() {
+	if f.users.Add(-1) != 0 {
+		return
+	}
+	f.life.Lock()
+	stop, wait := f.stopMaintain, f.maintainDone
+	f.life.Unlock()
+	if stop != nil {
+		stop()
+		<-wait
 	}
 	_ = f.store.Close()
 }
@@ -132,7 +233,7 @@ func (f *fleet) maintain(ctx context.Context) {
 			f.failed(err)
 			wait = min(wait, time.Second)
 		} else if f.healthy.CompareAndSwap(false, true) {
-			f.logger.Warn("shared state reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
+			f.logger.Load().Warn("shared state reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
 		}
 		next = time.Now().Add(wait)
 		t.Reset(wait)
@@ -143,11 +244,24 @@ func (f *fleet) maintain(ctx context.Context) {
 // call outside it.
 const recheckDelay = time.Second
 
-// renew writes this instance's true counts and pushes its leases on. The
-// write lock is held only while the counts are read and the renewal queued:
-// the store sends its calls in order, so the claims and releases queued
-// before are applied before it, and those queued after, after it.
+// renew writes this instance's true slot counts and pushes its leases on,
+// then the leases of the key reservations still held. A retired fleet
+// only does the latter: the running config counts the slots of all
+// requests in its own fleet, and this one's slot leases may expire.
 func (f *fleet) renew(ctx context.Context) error {
+	if !f.retired.Load() {
+		if err := f.renewSlots(ctx); err != nil {
+			return err
+		}
+	}
+	return f.store.RenewKeyLeases(ctx)
+}
+
+// renewSlots holds the write lock only while it reads the counts and
+// queues the renewal: the store sends its calls in order, so the claims and
+// releases queued before are applied before it, and those queued after,
+// after it.
+func (f *fleet) renewSlots(ctx context.Context) error {
 	f.mu.Lock()
 	ups, provs := make(map[string]int64), make(map[string]int64)
 	upstreamPool.Range(func(_, v any) bool { s := v.(*upstreamState); ups[s.id] = s.inflight.Load(); return true })
@@ -172,7 +286,7 @@ func (f *fleet) failed(err error) {
 		if f.reject {
 			mode = "rejecting requests"
 		}
-		f.logger.Error("shared state unreachable, "+mode+" until it answers", zap.String("backend", "redis"),
+		f.logger.Load().Error("shared state unreachable, "+mode+" until it answers", zap.String("backend", "redis"),
 			zap.String("address", f.address), zap.Error(err))
 	}
 }
@@ -239,6 +353,10 @@ func (f *fleet) onEvent(ev redisstate.Event) {
 // wake the queue once it no longer holds the read lock (a rollback freed a
 // slot a waiter may have seen taken).
 func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
+	if !f.use() {
+		return u.claimLocal() // a reload has just switched this fleet off
+	}
+	defer f.done()
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	n, ok, dispatch = u.claimLocal()
@@ -273,6 +391,10 @@ func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
 // wait for Redis; the release is queued after its claim's reply, so it
 // cannot overtake it, and a failure is handled as on the claim's path.
 func (f *fleet) release(u *upstream) {
+	if !f.use() {
+		return
+	}
+	defer f.done()
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if !f.healthy.Load() {
@@ -296,6 +418,10 @@ func (f *fleet) shareBackoff(scope string, capacity, hold time.Duration) {
 		return
 	}
 	go func() {
+		if !f.use() {
+			return
+		}
+		defer f.done()
 		if _, err := f.store.Fail(context.Background(), scope, capacity, hold); err != nil {
 			f.failed(err)
 		}
@@ -308,6 +434,10 @@ func (f *fleet) shareSuccess(scope string) {
 		return
 	}
 	go func() {
+		if !f.use() {
+			return
+		}
+		defer f.done()
 		if _, err := f.store.Succeed(context.Background(), scope); err != nil {
 			f.failed(err)
 		}
@@ -342,9 +472,10 @@ func currentFleetStatus() fleetStatus {
 // maps when the memory backend runs or Redis does not answer.
 func fleetUse(upstreams, providers []string) (map[string]int64, map[string]int64) {
 	f := activeFleet.Load()
-	if f == nil || !f.healthy.Load() {
+	if f == nil || !f.healthy.Load() || !f.use() {
 		return nil, nil
 	}
+	defer f.done()
 	ups, provs, err := f.store.Used(context.Background(), upstreams, providers)
 	if err != nil {
 		f.failed(err)

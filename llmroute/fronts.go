@@ -162,6 +162,9 @@ type frontReq struct {
 	// token and the request duration count from it.
 	arrival time.Time
 	resume  bool // the model continues broken streams (resume.go)
+	// attempts counts the request's exchanges with upstreams so far:
+	// failovers, same-upstream retries and continuations (X-LLM-Route-Attempts).
+	attempts int
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint: native

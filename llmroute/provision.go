@@ -534,10 +534,7 @@ func (h *Handler) Cleanup() error {
 	h.refs.release()
 	h.releaseKeys()
 	h.releaseLong()
-	if h.fleet != nil {
-		activeFleet.CompareAndSwap(h.fleet, nil)
-		h.fleet.close()
-	}
+	h.releaseState()
 	leaveGeneration(h)
 	return nil
 }

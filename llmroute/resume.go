@@ -226,11 +226,13 @@ func (h *Handler) continueOn(r *http.Request, rt *route, t *target, c *continuat
 		ce.Write(zap.String("model", rt.name), zap.String("from", c.from.id), zap.String("to", t.up.id),
 			zap.String("path", resumePath(prefill)), zap.Int("delivered_bytes", c.ex.follow.cr.Delivered()))
 	}
+	fr.attempts++ // counted, though the headers are out (SPEC §14)
 	res, v = c.try(r, t, body, fr, prefill)
 	if v == contPrefillRejected {
 		if ce := h.logger.Check(zapcore.WarnLevel, "prefill rejected, replaying"); ce != nil {
 			ce.Write(zap.String("model", rt.name), zap.String("upstream", t.up.id), zap.Int("status", res.status))
 		}
+		fr.attempts++
 		res, v = c.try(r, t, body, fr, false)
 	}
 	res.api, res.mode = fr.api, c.ex.mode()

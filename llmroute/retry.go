@@ -91,6 +91,10 @@ func (h *Handler) exchangeRetrying(w http.ResponseWriter, r *http.Request, rt *r
 	u := t.up
 	run := retryRun{start: time.Now()}
 	for {
+		// Each exchange is an attempt of its own; the count goes out with
+		// the headers of the answer that is used.
+		fr.attempts++
+		h.setRouteHeaders(w, t, fr.attempts)
 		res := h.exchange(w, r, t, body, fr)
 		now := time.Now()
 		wait, again := h.nextTry(u, res, &run, now)

@@ -88,39 +88,70 @@ func (h *Handler) setSkipped(w http.ResponseWriter, rt *route, failures []attemp
 	hdr.Set(hdrRouteSkipped, skippedReasons(rt, failures, now))
 }
 
-// skippedReasons renders the reason each target of rt was not used.
+// skippedReasons renders the reason each upstream of rt was not used. When
+// rt is a size variant (context.go), the upstreams of the whole route are
+// listed, those whose context_window the request does not fit included.
 func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
+	all := rt.targets
+	if rt.sizes.of != nil {
+		all = rt.sizes.of.targets
+	}
 	var b strings.Builder
-	for i, t := range rt.targets {
-		u := t.up
+	for i := range all {
+		u := all[i].up
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		b.WriteString(u.id)
 		b.WriteByte('=')
-		if f, ok := failureOf(failures, u.id); ok {
+		t, left := targetOf(rt, u), u.cooling(now)
+		switch f, failed := failureOf(failures, u.id); {
+		case t == nil:
+			b.WriteString("context_window ")
+			b.WriteString(strconv.Itoa(u.window))
+		case failed:
 			b.WriteString("failed ")
 			b.WriteString(f.result)
 			if f.status != 0 {
 				b.WriteByte(' ')
 				b.WriteString(strconv.Itoa(f.status))
 			}
-			continue
-		}
-		if left := u.cooling(now); left > 0 {
+		case left > 0:
 			b.WriteString("cooling ")
 			b.WriteString(strconv.Itoa(int((left + time.Second - 1) / time.Second)))
 			b.WriteByte('s')
-			continue
-		}
-		b.WriteString("busy ")
-		b.WriteString(strconv.FormatInt(u.state.inflight.Load(), 10))
-		if u.limit != unlimited {
-			b.WriteByte('/')
-			b.WriteString(strconv.FormatInt(u.limit, 10))
+		case t.long != nil && t.long.inflight.Load() >= t.long.limit.Load():
+			// The same order as claimFrom: long slot, then the normal one.
+			b.WriteString("long_context ")
+			writeSlots(&b, t.long.inflight.Load(), t.long.limit.Load())
+		case u.state.inflight.Load() < u.limit && u.providerFull():
+			b.WriteString("provider_capacity ")
+			writeSlots(&b, u.prov.inflight.Load(), u.prov.capacity.Load())
+		default:
+			b.WriteString("busy ")
+			writeSlots(&b, u.state.inflight.Load(), u.limit)
 		}
 	}
 	return b.String()
+}
+
+// writeSlots writes `inflight/limit`, or just inflight without a limit.
+func writeSlots(b *strings.Builder, inflight, limit int64) {
+	b.WriteString(strconv.FormatInt(inflight, 10))
+	if limit != unlimited {
+		b.WriteByte('/')
+		b.WriteString(strconv.FormatInt(limit, 10))
+	}
+}
+
+// targetOf is u's target in rt, nil when rt leaves u out.
+func targetOf(rt *route, u *upstream) *target {
+	for i := range rt.targets {
+		if rt.targets[i].up == u {
+			return &rt.targets[i]
+		}
+	}
+	return nil
 }
 
 func failureOf(failures []attemptRecord, id string) (attemptRecord, bool) {

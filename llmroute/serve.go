@@ -123,10 +123,13 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		// Estimated once per request: context windows and long-context
 		// slots narrow the upstreams it may go to (context.go).
 		est := estimateTokens(body)
-		if rt = rt.fitting(est); rt == nil {
+		fit := rt.fitting(est)
+		if fit == nil {
+			h.setSkipped(w, rt.noneFits(), nil, time.Now())
 			errContextTooLong(est.prompt+est.output).writeAs(w, f)
 			return nil
 		}
+		rt = fit
 	}
 	var kr *keyReq
 	if key != nil {
@@ -169,13 +172,16 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			// Preboxed values: setting placeholders allocates nothing.
 			repl.Set("http.llm_route.upstream", t.up.idAny)
 			repl.Set("http.llm_route.provider", t.up.providerAny)
-			repl.Set("http.llm_route.attempts", attemptCount(len(failures)+1))
+			repl.Set("http.llm_route.attempts", attemptCount(fr.attempts+1)) // if the attempt aborts
 		}
-		h.setRouteHeaders(w, t, len(failures)+1)
 		fr.rt, fr.idx = rt, idx
-		res := h.attempt(w, r, rt, t, body, &fr)
+		res := h.attempt(w, r, rt, t, body, &fr) // sets the route headers (retry.go)
 		if res.cont != nil {
 			res, t = h.resume(r, rt, idx, res, body, &fr) // the stream broke: continue it
+		}
+		if repl != nil {
+			// Retries and continuations included.
+			repl.Set("http.llm_route.attempts", attemptCount(fr.attempts))
 		}
 		if kr != nil {
 			h.settleAttempt(kr, t, res)
@@ -185,7 +191,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		}
 		if res.out != outFailover {
 			h.observeRequest(t, res, arrival)
-			annotateSpan(r, rt, t, res, len(failures)+1)
+			annotateSpan(r, rt, t, res, fr.attempts)
 			if res.result == resultCancelled && res.status == 0 {
 				// The client left before any answer: nothing was written,
 				// so let Caddy log 499 rather than an empty 200.

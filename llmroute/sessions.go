@@ -41,9 +41,10 @@ type sessionRegistry struct {
 // history, as transform.Sessions.ID does.
 func (r *sessionRegistry) ID(body []byte) string {
 	f := activeFleet.Load()
-	if f == nil || !f.healthy.Load() {
+	if f == nil || !f.healthy.Load() || !f.use() {
 		return r.local.ID(body)
 	}
+	defer f.done()
 	h := transform.NewHistory(body)
 	if h.Empty() {
 		return h.Candidate
@@ -56,13 +57,13 @@ func (r *sessionRegistry) ID(body []byte) string {
 	if err != nil {
 		stateErrors.Inc()
 		if r.failing.CompareAndSwap(false, true) {
-			f.logger.Error("shared session registry unreachable, session ids from this instance's registry",
+			f.logger.Load().Error("shared session registry unreachable, session ids from this instance's registry",
 				zap.String("backend", "redis"), zap.String("address", f.address), zap.Error(err))
 		}
 		return r.local.Resolve(h)
 	}
 	if r.failing.CompareAndSwap(true, false) {
-		f.logger.Warn("shared session registry reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
+		f.logger.Load().Warn("shared session registry reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
 	}
 	r.local.Record(h, id)
 	return id

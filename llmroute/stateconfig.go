@@ -41,9 +41,11 @@ type StateConfig struct {
 	// takes longer counts as Redis being unreachable. Default 50ms.
 	Timeout *Duration `json:"timeout,omitempty"`
 
-	// LeaseTTL is how long a slot lease outlives its instance: leases are
-	// renewed every third of it while the instance runs, so the slots of a
-	// crashed instance come back within it. Default 30s.
+	// LeaseTTL is how long a slot lease or a client key's budget
+	// reservation outlives its instance: leases are renewed every third of
+	// it while the instance runs (a reservation until it is settled), so
+	// the slots and reservations of a crashed instance, or a reservation
+	// whose settlement never reached Redis, come back within it. Default 30s.
 	LeaseTTL *Duration `json:"lease_ttl,omitempty"`
 
 	// OnStateError is what happens while Redis is unreachable or slow:
@@ -97,8 +99,9 @@ func (c StateConfig) resolved(repl *caddy.Replacer) (StateConfig, error) {
 	return c, nil
 }
 
-// provisionState checks the state config and, for redis, prepares the
-// client (no connection yet: Redis down at start-up must not stop Caddy).
+// provisionState checks the state config and, for redis, takes the pooled
+// fleet of the state block, made with its client on first use (no
+// connection yet: Redis down at start-up must not stop Caddy).
 func (h *Handler) provisionState(repl *caddy.Replacer) error {
 	if h.State == nil {
 		return nil
@@ -108,18 +111,26 @@ func (h *Handler) provisionState(repl *caddy.Replacer) error {
 		return err
 	}
 	if c.Backend == "redis" {
-		h.fleet = newFleet(c, h.logger)
+		h.fleet = acquireFleet(c, h.logger)
 	}
 	return nil
 }
 
+// releaseState gives the handler's fleet back to the pool (Cleanup).
+func (h *Handler) releaseState() {
+	if h.fleet != nil {
+		_, _ = fleets.Delete(h.fleet.poolKey)
+	}
+}
+
 // startState makes this config's state the process's once the config runs:
-// a redis fleet starts its renewals and listener; memory switches any
-// previous fleet off (its leases then expire within lease_ttl).
+// a redis fleet starts its renewals and listener (once, if an older config
+// on the same state block has not); memory switches any previous fleet off
+// (its leases then expire within lease_ttl).
 func (h *Handler) startState() {
 	activeFleet.Store(h.fleet)
 	if h.fleet != nil {
-		h.fleet.start()
+		h.fleet.start(h.logger)
 		h.logger.Info("shared state", zap.String("backend", "redis"), zap.String("address", h.fleet.address),
 			zap.Duration("lease_ttl", h.fleet.ttl), zap.Bool("reject_on_error", h.fleet.reject))
 	}

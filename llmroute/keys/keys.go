@@ -57,6 +57,9 @@ const (
 	LimitTokensPerDay
 	LimitSpendPerDay
 	LimitSpendPerMonth
+	// LimitUnavailable: the shared backend did not answer and its fallback
+	// is to refuse (on_state_error reject).
+	LimitUnavailable
 )
 
 func (l Limit) String() string {
@@ -67,6 +70,8 @@ func (l Limit) String() string {
 		return "spend_per_day"
 	case LimitSpendPerMonth:
 		return "spend_per_month"
+	case LimitUnavailable:
+		return "unavailable"
 	}
 	return "none"
 }
@@ -79,6 +84,12 @@ type Hold struct {
 	Day      int64 // the UTC day (days since the epoch) it was reserved in
 	Month    int64 // the UTC month (year*12 + month-1)
 	Reserved Amount
+	// Shared: reserved in the shared backend (Redis), so settled there too,
+	// not in a fallback that never saw it.
+	Shared bool
+	// Lease names a shared reservation in its backend, where it lapses
+	// unless renewed: one whose settlement is lost does not stay reserved.
+	Lease string
 }
 
 // Usage is a key's accounting in the current periods: what was settled

@@ -79,6 +79,7 @@ type Store struct {
 	timeout  time.Duration
 	ttlMS    string
 	b        *batcher // every script call goes through it (batch.go)
+	leases   leases   // client-key reservations held (keys.go)
 }
 
 // Open returns a store; it does not connect until the first call, so a

@@ -1,0 +1,89 @@
+package llmroute
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// testState is a resolved redis state block; nothing listens on its
+// address, and nothing here needs it to (the client connects lazily).
+func testState(prefix, password string) StateConfig {
+	c, err := StateConfig{Backend: "redis", Address: "127.0.0.1:1", Prefix: prefix, Password: password,
+		Timeout: new(Duration(20 * time.Millisecond))}.resolved(nil)
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// closed reports whether f's client has been closed (a call on it fails
+// at once with ErrClosed, not with the dial error of the absent server).
+func closed(f *fleet) bool {
+	return errors.Is(f.store.Ping(context.Background()), redis.ErrClosed)
+}
+
+// The fleet's lifetime across reloads: handlers with the same state block
+// share one fleet; the last handler's cleanup retires it, and its client
+// closes only once the requests that still hold it are done.
+func TestFleetPooledByStateBlockClosedAfterItsLastRequest(t *testing.T) {
+	logger := zap.NewNop()
+	a := acquireFleet(testState("p1:", "s3cret"), logger)
+	b := acquireFleet(testState("p1:", "s3cret"), logger) // a reload keeping the block
+	other := acquireFleet(testState("p1:", "another"), logger)
+	if a != b {
+		t.Fatal("two handlers with the same state block got two fleets")
+	}
+	if other == a {
+		t.Fatal("a changed password shares the old fleet")
+	}
+	if strings.Contains(a.poolKey, "s3cret") {
+		t.Fatal("the pool key holds the password")
+	}
+	a.start(logger)
+	b.start(logger) // once only: the second start is a no-op
+
+	if !a.use() { // a request of the old config, still running
+		t.Fatal("use on a live fleet failed")
+	}
+	if _, err := fleets.Delete(a.poolKey); err != nil { // the old config's cleanup
+		t.Fatal(err)
+	}
+	if a.retired.Load() || closed(a) {
+		t.Fatal("the fleet retired while the new config still uses it")
+	}
+	if _, err := fleets.Delete(b.poolKey); err != nil { // the new config's cleanup (a reload onto another block)
+		t.Fatal(err)
+	}
+	if !a.retired.Load() {
+		t.Fatal("the fleet is not retired after its last handler's cleanup")
+	}
+	if closed(a) {
+		t.Fatal("the client closed under a request that still holds it")
+	}
+	if !a.use() {
+		t.Fatal("a retired fleet refuses a request of its config while its client is open")
+	}
+	a.done()
+	a.done() // the last request ends
+	if !closed(a) {
+		t.Fatal("the client is still open after its last request")
+	}
+	if a.use() {
+		t.Fatal("use on a closed fleet succeeded")
+	}
+	if closed(other) {
+		t.Fatal("another state block's fleet was closed too")
+	}
+	if _, err := fleets.Delete(other.poolKey); err != nil {
+		t.Fatal(err)
+	}
+	if !closed(other) {
+		t.Fatal("a fleet never started and never used is not closed by its cleanup")
+	}
+}

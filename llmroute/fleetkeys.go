@@ -1,0 +1,112 @@
+package llmroute
+
+import (
+	"context"
+	"time"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/keys"
+)
+
+// fleetKeys is the key store of a handler on the redis state (SPEC §16,
+// §17): rates and budgets live in Redis, one script a call, each call
+// bounded by the state timeout. While Redis is unreachable, or when a call
+// fails, on_state_error decides: local answers from this process's memory
+// store (the same limits, counted here only; the error is counted), reject
+// refuses. The memory store is the one the handler would use anyway, so the
+// fallback needs no warm-up and a key's accounts exist there already.
+type fleetKeys struct {
+	f     *fleet
+	local *keys.Memory
+}
+
+var _ keys.Store = (*fleetKeys)(nil)
+
+// begin holds the fleet's client open for one key request, from its
+// admission to its end (the returned func, nil when the client is closed
+// already): a request of an old config that is still queued, or between
+// failover attempts, when a reload that changed the state block cleans
+// its handler up, reserves and settles in Redis all the same, instead of
+// falling back to this instance's counters.
+func (s *fleetKeys) begin() func() {
+	if !s.f.use() {
+		return nil
+	}
+	return s.f.done
+}
+
+// Allow implements keys.Store. Under reject a request is let through here:
+// its budget reservation or its slot claim, which cannot succeed while
+// Redis is away, refuses it with the 503 of the fallback rather than a 429
+// that would blame the key.
+func (s *fleetKeys) Allow(id string, now time.Time, r keys.Rate) (bool, time.Duration) {
+	if r.PerMinute <= 0 {
+		return true, 0
+	}
+	if s.f.healthy.Load() && s.f.use() {
+		ok, wait, err := s.f.store.KeyAllow(context.Background(), id, r)
+		s.f.done()
+		if err == nil {
+			return ok, wait
+		}
+		s.f.failed(err)
+	}
+	if s.f.reject {
+		return true, 0
+	}
+	return s.local.Allow(id, now, r)
+}
+
+// Reserve implements keys.Store; a hold taken in Redis is marked Shared so
+// that it is settled there, and it keeps the fleet's client open until
+// then: a reload may clean the handler up while the request runs.
+func (s *fleetKeys) Reserve(id string, now time.Time, b keys.Budget, a keys.Amount) (keys.Hold, keys.Limit) {
+	if b.Empty() {
+		return keys.Hold{}, keys.LimitNone
+	}
+	if s.f.healthy.Load() && s.f.use() {
+		h, limit, err := s.f.store.KeyReserve(context.Background(), id, now, b, a)
+		if !h.Shared {
+			s.f.done()
+		}
+		if err == nil {
+			return h, limit
+		}
+		s.f.failed(err)
+	}
+	if s.f.reject {
+		return keys.Hold{}, keys.LimitUnavailable
+	}
+	return s.local.Reserve(id, now, b, a)
+}
+
+// Settle implements keys.Store. A shared hold is settled in Redis even
+// while it is thought unreachable (one bounded call, and only for the
+// requests that were running when it went away): settling it locally
+// would subtract a reservation memory never had. If Redis does not take
+// it, the error is counted and the reservation lapses with its lease
+// (lease_ttl, no longer renewed). Settling gives back the hold on the
+// client that Reserve took.
+func (s *fleetKeys) Settle(h keys.Hold, actual keys.Amount, now time.Time) {
+	if !h.Shared {
+		s.local.Settle(h, actual, now)
+		return
+	}
+	defer s.f.done()
+	if err := s.f.store.KeySettle(context.Background(), h, actual, now); err != nil {
+		s.f.failed(err)
+	}
+}
+
+// Usage implements keys.Store: the fleet-wide accounting, else this
+// process's.
+func (s *fleetKeys) Usage(id string, now time.Time) keys.Usage {
+	if s.f.healthy.Load() && s.f.use() {
+		u, err := s.f.store.KeyUsage(context.Background(), id, now)
+		s.f.done()
+		if err == nil {
+			return u
+		}
+		s.f.failed(err)
+	}
+	return s.local.Usage(id, now)
+}
