@@ -198,6 +198,11 @@ func (b *batcher) send(batch []*call) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	b.sent.Add(1)
+	if len(live) == 1 { // the idle case: a plain call costs less than a pipeline of one
+		c := live[0]
+		c.finish(c.script.Run(ctx, b.c, c.keys, args(0)...))
+		return
+	}
 	cmds := make([]*redis.Cmd, len(live))
 	// Exec's error is the first failed command's: each command has its own.
 	_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
