@@ -417,6 +417,52 @@ func TestFleetCoolingSeenByTheOtherInstance(t *testing.T) {
 	}
 }
 
+// An upstream without a backoff scope that answers 429 Retry-After on one
+// instance is held on the other too, for as long as it asked.
+func TestFleetRetryAfterHoldSeenByTheOtherInstance(t *testing.T) {
+	rs := startRedis(t)
+	busy := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "30"))
+	good := newUpstream(t, completion("good"))
+	conf := func() map[string]any {
+		return cfg(
+			[]map[string]any{obj("id", "pb", "url", busy.base(), "probe_interval", "0s"), obj("id", "pg", "url", good.base())},
+			[]map[string]any{obj("id", "ub", "provider", "pb", "model", "x"), obj("id", "ug", "provider", "pg", "model", "x")},
+			[]map[string]any{obj("name", "m", "upstreams", []string{"ub", "ug"})},
+			"state", obj("backend", "redis", "address", rs.addr, "prefix", "h:"),
+		)
+	}
+	a := startInstance(t, conf())
+	b := startInstance(t, conf())
+	waitHealthy(t, a, true)
+	waitHealthy(t, b, true)
+
+	resp := a.chat(chatBody("m", false))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
+		t.Fatalf("instance a: %d %s", resp.StatusCode, body)
+	}
+	if n := len(busy.Calls()); n != 1 {
+		t.Fatalf("the busy upstream got %d calls, want 1", n)
+	}
+	eventually(t, 5*time.Second, "instance b holds ub for its Retry-After", func() bool {
+		st, _ := b.status()
+		for _, u := range st.Upstreams {
+			if u.ID == "ub" {
+				return u.CoolingSeconds > 20
+			}
+		}
+		return false
+	})
+	for range 3 {
+		resp = b.chat(chatBody("m", false))
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
+			t.Fatalf("instance b: %d %s", resp.StatusCode, body)
+		}
+	}
+	if n := len(busy.Calls()); n != 1 {
+		t.Errorf("instance b called the upstream that asked instance a to wait 30 s: %d calls, want 1", n)
+	}
+}
+
 // An in-process Caddy on the redis state, reloaded to memory and back:
 // each reload cleans the old fleet up (its listener, renewals, poll) without
 // hanging, and the status names the backend in use.

@@ -64,12 +64,9 @@ func (h *Handler) holdRetryAfter(u *upstream, status int, d time.Duration, now t
 	if u.backoff != nil {
 		u.backoff.holdFor(now, d)
 	} else {
-		until := now.Add(d).UnixNano()
-		for {
-			cur := u.state.coolUntil.Load()
-			if cur >= until || u.state.coolUntil.CompareAndSwap(cur, until) {
-				break
-			}
+		u.state.holdUntil(now.Add(d).UnixNano())
+		if f := activeFleet.Load(); f != nil {
+			f.shareHold(u.id, d)
 		}
 	}
 	if c := h.logger.Check(zapcore.InfoLevel, "upstream asked to retry later"); c != nil {

@@ -320,6 +320,11 @@ func (f *fleet) syncBackoffs(ctx context.Context) {
 		scopes, states = append(scopes, k.(string)), append(states, v.(*backoffState))
 		return true
 	})
+	var holds []*upstreamState
+	upstreamPool.Range(func(k, v any) bool {
+		scopes, holds = append(scopes, holdScope(k.(string))), append(holds, v.(*upstreamState))
+		return true
+	})
 	got, err := f.store.Backoffs(ctx, scopes)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -328,7 +333,12 @@ func (f *fleet) syncBackoffs(ctx context.Context) {
 		return
 	}
 	now := time.Now()
-	for i, c := range got {
+	for i, c := range got[len(states):] {
+		if c.Left > 0 {
+			holds[i].holdUntil(now.Add(c.Left).UnixNano())
+		}
+	}
+	for i, c := range got[:len(states)] {
 		// Tolerance: the same cooling, read again, differs by the latency;
 		// it must not count as a new one (that would put probes off).
 		if c.Left > states[i].remaining(now)+250*time.Millisecond {
@@ -343,7 +353,11 @@ func (f *fleet) onEvent(ev redisstate.Event) {
 	case "release":
 		sched.dispatch()
 	case "cool", "ok":
-		if b := findBackoff(ev.Scope); b != nil {
+		if s := findHold(ev.Scope); s != nil {
+			if ev.Kind == "cool" {
+				s.holdUntil(time.Now().Add(ev.Left).UnixNano())
+			}
+		} else if b := findBackoff(ev.Scope); b != nil {
 			b.applyFleet(ev, time.Now())
 		}
 	}
@@ -426,6 +440,33 @@ func (f *fleet) shareBackoff(scope string, capacity, hold time.Duration) {
 			f.failed(err)
 		}
 	}()
+}
+
+// holdScope names, among the backoff scopes in Redis, the Retry-After hold
+// of an upstream without a backoff scope (scopes are "<kind>/<id>"; no kind
+// is called hold).
+func holdScope(id string) string { return "hold/" + id }
+
+// shareHold tells the fleet that an upstream without a backoff scope asked
+// for a pause (Retry-After): the other instances hold it as long.
+func (f *fleet) shareHold(id string, d time.Duration) { f.shareBackoff(holdScope(id), 0, d) }
+
+// findHold returns the pooled state of the upstream whose hold scope is
+// scope, if any config uses it.
+func findHold(scope string) *upstreamState {
+	id, ok := strings.CutPrefix(scope, "hold/")
+	if !ok {
+		return nil
+	}
+	var found *upstreamState
+	upstreamPool.Range(func(k, v any) bool {
+		if k == id {
+			found = v.(*upstreamState)
+			return false
+		}
+		return true
+	})
+	return found
 }
 
 // shareSuccess tells the fleet that a backoff scope recovered.

@@ -96,6 +96,17 @@ func (s *upstreamState) coolingLeft(b *backoffState, now time.Time) time.Duratio
 	return left
 }
 
+// holdUntil cools this upstream alone until at least until (unix nanos):
+// its own Retry-After, or another instance's.
+func (s *upstreamState) holdUntil(until int64) {
+	for {
+		cur := s.coolUntil.Load()
+		if cur >= until || s.coolUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
 // providerID returns the provider label of the newest config.
 func (s *upstreamState) providerID() string {
 	if p := s.provider.Load(); p != nil {
