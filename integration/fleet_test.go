@@ -344,6 +344,37 @@ func TestFleetSlowRedisNeverHoldsARequest(t *testing.T) {
 	}
 }
 
+// TestFleetRequestPathFailureRechecksSoon: one Redis call of a request
+// that times out puts the instance on its fallback; it is back on Redis
+// within about a second of Redis answering again, not at the next renewal
+// (lease_ttl/3, here 20 s).
+func TestFleetRequestPathFailureRechecksSoon(t *testing.T) {
+	rs := startRedis(t)
+	up := newUpstream(t, nil)
+	a := startInstance(t, fleetConfig(up, rs.addr, 2, "lease_ttl", "60s"))
+	waitHealthy(t, a, true)
+
+	c := rs.client()
+	defer c.Close()
+	slept := make(chan struct{})
+	go func() { _ = c.Do(context.Background(), "DEBUG", "SLEEP", "1").Err(); close(slept) }()
+	time.Sleep(200 * time.Millisecond) // the sleep has begun
+	resp := a.chat(chatBody("m", false))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("with Redis asleep: %d %s", resp.StatusCode, body)
+	}
+	waitHealthy(t, a, false) // the claim timed out (50 ms)
+	<-slept
+	awake := time.Now()
+	// About a second after the failure, a second more if that check fell
+	// in the sleep; 6 s of margin for a loaded machine, against 20 s.
+	eventually(t, 6*time.Second, "back on Redis soon after it answers", func() bool {
+		_, body := a.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
+	})
+	t.Logf("back on Redis %v after it woke", time.Since(awake).Round(time.Millisecond))
+}
+
 func TestFleetCoolingSeenByTheOtherInstance(t *testing.T) {
 	rs := startRedis(t)
 	bad := newUpstream(t, status(http.StatusInternalServerError))

@@ -72,6 +72,10 @@ type fleet struct {
 	// healthy is false while Redis is unreachable: claims then use the local
 	// accounting only, without a Redis call that would wait for the timeout.
 	healthy atomic.Bool
+	// recheck wakes maintain after a failed call on the request path, so
+	// that a passing glitch does not keep the instance on its fallback
+	// until the next renewal (lease_ttl/3).
+	recheck chan struct{}
 
 	// users keeps the client open: one for the pool (given back by
 	// Destruct), one per call in progress and per shared reservation not
@@ -120,6 +124,7 @@ func newFleet(c StateConfig, logger *zap.Logger) *fleet {
 		reject:  c.OnStateError == "reject",
 		address: c.Address,
 		ttl:     ttl,
+		recheck: make(chan struct{}, 1),
 	}
 	f.logger.Store(logger)
 	f.users.Store(1) // the pool's
@@ -203,9 +208,26 @@ func (f *fleet) done() {
 }
 
 // maintain renews the leases every third of lease_ttl while Redis answers,
-// and checks every second while it does not.
+// and checks every second while it does not, or within a second of a
+// failed call elsewhere (recheck).
 func (f *fleet) maintain(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	next := time.Now()
 	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.recheck:
+			// Not at once: a Redis that is really gone would be asked
+			// again right away, and a flapping one logged at every call.
+			if soon := time.Now().Add(recheckDelay); soon.Before(next) {
+				next = soon
+				t.Reset(recheckDelay)
+			}
+			continue
+		case <-t.C:
+		}
 		wait := f.ttl / 3
 		if err := f.renew(ctx); err != nil {
 			f.failed(err)
@@ -213,13 +235,14 @@ func (f *fleet) maintain(ctx context.Context) {
 		} else if f.healthy.CompareAndSwap(false, true) {
 			f.logger.Load().Warn("shared state reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
+		next = time.Now().Add(wait)
+		t.Reset(wait)
 	}
 }
+
+// recheckDelay is how soon maintain looks at Redis again after a failed
+// call outside it.
+const recheckDelay = time.Second
 
 // renew writes this instance's true slot counts and pushes its leases on,
 // then the leases of the key reservations still held. A retired fleet
@@ -234,21 +257,30 @@ func (f *fleet) renew(ctx context.Context) error {
 	return f.store.RenewKeyLeases(ctx)
 }
 
+// renewSlots holds the write lock only while it reads the counts and
+// queues the renewal: the store sends its calls in order, so the claims and
+// releases queued before are applied before it, and those queued after,
+// after it.
 func (f *fleet) renewSlots(ctx context.Context) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	ups, provs := make(map[string]int64), make(map[string]int64)
 	upstreamPool.Range(func(_, v any) bool { s := v.(*upstreamState); ups[s.id] = s.inflight.Load(); return true })
 	draining.Range(func(_, v any) bool { s := v.(*upstreamState); ups[s.id] = s.inflight.Load(); return true })
 	providerPool.Range(func(_, v any) bool { p := v.(*providerState); provs[p.id] = p.inflight.Load(); return true })
 	providerDraining.Range(func(_, v any) bool { p := v.(*providerState); provs[p.id] = p.inflight.Load(); return true })
-	return f.store.Renew(ctx, ups, provs)
+	q := f.store.QueueRenew(ups, provs)
+	f.mu.Unlock()
+	return q.Wait(ctx)
 }
 
 // failed records a Redis error: counted always, logged at ERROR once per
 // transition into the fallback.
 func (f *fleet) failed(err error) {
 	stateErrors.Inc()
+	select {
+	case f.recheck <- struct{}{}:
+	default:
+	}
 	if f.healthy.CompareAndSwap(true, false) {
 		mode := "local accounting"
 		if f.reject {
@@ -368,8 +400,10 @@ func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
 	return n, true, false
 }
 
-// release gives the slot back in Redis, then locally (the local release
-// wakes the queue, outside the read lock).
+// release queues the slot's release in Redis without waiting for it, then
+// the caller releases locally (which wakes the queue). The request does not
+// wait for Redis; the release is queued after its claim's reply, so it
+// cannot overtake it, and a failure is handled as on the claim's path.
 func (f *fleet) release(u *upstream) {
 	if !f.use() {
 		return
@@ -380,9 +414,7 @@ func (f *fleet) release(u *upstream) {
 	if !f.healthy.Load() {
 		return // the next renewal writes the true count
 	}
-	if err := f.store.Release(context.Background(), u.id, u.provider); err != nil {
-		f.failed(err)
-	}
+	f.store.ReleaseLater(u.id, u.provider, f.failed)
 }
 
 // fleetLimit maps the unlimited sentinel to the scripts' "none".

@@ -127,8 +127,26 @@ func (r *redisProc) commandCalls() (map[string]int64, error) {
 		}
 		out[name] = n
 	}
+	// The socket reads Redis processed: one per batch of commands a
+	// client sent, i.e. the real round trips once calls are pipelined.
+	st, err := r.c.Info(ctx, "stats").Result()
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(st, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_reads_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("INFO stats: bad line %q", line)
+			}
+			out[readsKey] = n
+		}
+	}
 	return out, nil
 }
+
+// readsKey holds total_reads_processed among the command counts.
+const readsKey = "(socket reads)"
 
 // commandDelta is after − before, per command, without the zeros.
 func commandDelta(before, after map[string]int64) map[string]int64 {
@@ -321,8 +339,9 @@ func renderShared(w func(string, ...any), env runEnv, r *results) {
 	w("%s.\n", strings.Join(caps, ", "))
 
 	w("\nCommands redis-server ran per request (INFO commandstats before the warm-up and after the last response of each run, ÷ every request of those runs, all rounds). ")
-	w("A round trip is a call of a command Redis flags `noscript` (a script cannot run it: EVALSHA, EVAL, SUBSCRIBE, HELLO…); the others ran inside those scripts (or were sent on their own):\n\n")
-	w("| scenario | requests | round trips /req | of which | inside scripts or other /req | llm_route state errors |\n|---|---:|---:|---|---|---:|\n")
+	w("A client call is a command Redis flags `noscript` (a script cannot run it: EVALSHA, EVAL, SUBSCRIBE, HELLO…); the others ran inside those scripts (or were sent on their own). ")
+	w("The round trips are the socket reads Redis processed (INFO stats `total_reads_processed`, the benchmark's own INFO calls included): llm_route pipelines the calls pending at once, so under load one read carries many calls:\n\n")
+	w("| scenario | requests | round trips (socket reads) /req | client calls /req | of which | inside scripts or other /req | llm_route state errors |\n|---|---:|---:|---:|---|---|---:|\n")
 	var troubled []string
 	for _, i := range shared {
 		var reqs int64
@@ -336,6 +355,8 @@ func renderShared(w func(string, ...any), env runEnv, r *results) {
 				calls[k] += n
 			}
 		}
+		reads := calls[readsKey]
+		delete(calls, readsKey)
 		var trips int64
 		var top, inner []string
 		names := make([]string, 0, len(calls))
@@ -352,7 +373,7 @@ func renderShared(w func(string, ...any), env runEnv, r *results) {
 				inner = append(inner, k+" "+per(calls[k]))
 			}
 		}
-		w("| %s | %d | %s | %s | %s | %.0f |\n", r.scs[i].name, reqs, per(trips),
+		w("| %s | %d | %s | %s | %s | %s | %.0f |\n", r.scs[i].name, reqs, per(reads), per(trips),
 			strings.Join(top, ", "), strings.Join(inner, ", "), errs)
 		if off > 0 {
 			troubled = append(troubled, fmt.Sprintf("%s (%d of %d rounds)", r.scs[i].name, off, r.rounds))

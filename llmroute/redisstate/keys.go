@@ -86,7 +86,7 @@ func (s *Store) KeyAllow(ctx context.Context, id string, r keys.Rate) (bool, tim
 	ctx, cancel := s.call(ctx)
 	defer cancel()
 	interval := int64(time.Minute/time.Microsecond) / r.PerMinute
-	vals, err := keyAllowScript.Run(ctx, s.c, []string{s.keyRate(id)}, interval, max(r.Burst, 1)).Int64Slice()
+	vals, err := s.run(ctx, keyAllowScript, []string{s.keyRate(id)}, interval, max(r.Burst, 1)).Int64Slice()
 	if err != nil {
 		return false, 0, err
 	}
@@ -108,7 +108,7 @@ func (s *Store) KeyReserve(ctx context.Context, id string, now time.Time, b keys
 	day, month := keys.Day(now), keys.Month(now)
 	accounts := s.keyAccounts(id, day, month)
 	member := fmt.Sprintf("%s.%d:%d:%d:%d:%d", s.instance, s.leases.seq.Add(1), day, month, a.Tokens, a.Spend)
-	n, err := keyReserveScript.Run(ctx, s.c, accounts,
+	n, err := s.run(ctx, keyReserveScript, accounts,
 		b.TokensPerDay, b.SpendPerDay, b.SpendPerMonth, a.Tokens, a.Spend, dayTTL, monthTTL,
 		day, month, s.ttlMS, member).Int64()
 	if err != nil {
@@ -146,7 +146,7 @@ func (s *Store) KeySettle(ctx context.Context, h keys.Hold, actual keys.Amount, 
 		}
 		return "0"
 	}
-	return keySettleScript.Run(ctx, s.c, s.keyAccounts(h.ID, day, month),
+	return s.run(ctx, keySettleScript, s.keyAccounts(h.ID, day, month),
 		flag(h.Day == day), flag(h.Month == month), -h.Reserved.Tokens, -h.Reserved.Spend,
 		actual.Tokens, actual.Spend, dayTTL, monthTTL, h.Lease).Err()
 }
@@ -167,7 +167,7 @@ func (s *Store) RenewKeyLeases(ctx context.Context) error {
 	}
 	ctx, cancel := s.call(ctx)
 	defer cancel()
-	return keyRenewScript.Run(ctx, s.c, sets, args...).Err()
+	return s.run(ctx, keyRenewScript, sets, args...).Err()
 }
 
 // KeyLeases is the number of reservations this Store holds and renews.
@@ -182,7 +182,7 @@ func (s *Store) KeyUsage(ctx context.Context, id string, now time.Time) (keys.Us
 	ctx, cancel := s.call(ctx)
 	defer cancel()
 	day, month := keys.Day(now), keys.Month(now)
-	vals, err := keyUsageScript.Run(ctx, s.c, s.keyAccounts(id, day, month), day, month).Int64Slice()
+	vals, err := s.run(ctx, keyUsageScript, s.keyAccounts(id, day, month), day, month).Int64Slice()
 	if err != nil {
 		return keys.Usage{}, err
 	}

@@ -78,7 +78,8 @@ type Store struct {
 	instance string
 	timeout  time.Duration
 	ttlMS    string
-	leases   leases // client-key reservations held (keys.go)
+	b        *batcher // every script call goes through it (batch.go)
+	leases   leases   // client-key reservations held (keys.go)
 }
 
 // Open returns a store; it does not connect until the first call, so a
@@ -96,21 +97,40 @@ func Open(o Options, instance string) *Store {
 		ContextTimeoutEnabled: true,
 		MaxRetries:            -1, // a retry would double the bound on a call
 		DisableIdentity:       true,
+		// The batcher sends one pipeline at a time, on the pipeline pool:
+		// one connection carries every script call, whatever the number of
+		// concurrent requests (go-redis's default of 10 per CPU let 64
+		// requests under GOMAXPROCS 1 wait for a connection past the
+		// timeout). The main pool serves the few direct calls (PING) and
+		// a pipeline whose connection is being replaced; the pub/sub
+		// connection has a pool of its own. Buffers: a full batch is
+		// 128 calls of a few hundred bytes.
+		PoolSize:                4,
+		PipelinePoolSize:        2,
+		PipelineReadBufferSize:  64 << 10,
+		PipelineWriteBufferSize: 64 << 10,
 	}
 	if o.TLS {
 		ro.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
+	c := redis.NewClient(ro)
 	return &Store{
-		c:        redis.NewClient(ro),
+		c:        c,
 		prefix:   o.Prefix,
 		instance: instance,
 		timeout:  o.Timeout,
 		ttlMS:    strconv.FormatInt(o.LeaseTTL.Milliseconds(), 10),
+		b:        newBatcher(c, o.Timeout),
 	}
 }
 
-// Close closes the connections.
-func (s *Store) Close() error { return s.c.Close() }
+// Close sends the calls still queued (releases nobody waits for; each
+// batch bounded by the timeout), then closes the connections. A call
+// queued after Close fails with ErrClosed.
+func (s *Store) Close() error {
+	s.b.close()
+	return s.c.Close()
+}
 
 // WakeChannel is the pub/sub channel releases are announced on.
 func (s *Store) WakeChannel() string { return s.prefix + "wake" }
@@ -129,6 +149,15 @@ func (s *Store) call(parent context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(parent, s.timeout)
 }
 
+// run queues a script call on the batcher and waits for its reply, at most
+// the timeout.
+func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	ctx, cancel := s.call(ctx)
+	defer cancel()
+	until, _ := ctx.Deadline()
+	return s.b.do(ctx, &call{script: script, keys: keys, args: args, until: until})
+}
+
 // Verdict is the outcome of a claim.
 type Verdict int
 
@@ -141,11 +170,9 @@ const (
 // Claim takes one slot of upstream (limit < 0: none) and one unit of its
 // provider's capacity (capacity < 0: none) fleet-wide, both or neither.
 func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, capacity int64) (Verdict, error) {
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	uh, uz := s.upKeys(upstream)
 	ph, pz := s.provKeys(provider)
-	n, err := claimScript.Run(ctx, s.c, []string{uh, uz, ph, pz},
+	n, err := s.run(ctx, claimScript, []string{uh, uz, ph, pz},
 		s.instance, s.ttlMS, limit, capacity).Int64()
 	if err != nil {
 		return UpstreamFull, err
@@ -157,18 +184,59 @@ func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, cap
 func (s *Store) Release(ctx context.Context, upstream, provider string) error {
 	ctx, cancel := s.call(ctx)
 	defer cancel()
+	until, _ := ctx.Deadline()
+	return s.b.do(ctx, s.releaseCall(upstream, provider, until)).Err()
+}
+
+// ReleaseLater is Release without waiting: the release is queued (behind
+// every call queued before it) and sent within the timeout; onErr, called
+// from the batcher, gets its failure (it must not block).
+func (s *Store) ReleaseLater(upstream, provider string, onErr func(error)) {
+	c := s.releaseCall(upstream, provider, time.Now().Add(s.timeout))
+	c.onErr = onErr
+	s.b.queue(c)
+}
+
+func (s *Store) releaseCall(upstream, provider string, until time.Time) *call {
 	uh, _ := s.upKeys(upstream)
 	ph, _ := s.provKeys(provider)
-	return releaseScript.Run(ctx, s.c, []string{uh, ph}, s.instance, s.WakeChannel()).Err()
+	return &call{script: releaseScript, keys: []string{uh, ph}, args: []any{s.instance, s.WakeChannel()},
+		release: true, until: until}
 }
 
 // Renew sets this instance's counts to what it holds and renews its leases.
 func (s *Store) Renew(ctx context.Context, upstreams, providers map[string]int64) error {
-	if len(upstreams)+len(providers) == 0 {
+	return s.QueueRenew(upstreams, providers).Wait(ctx)
+}
+
+// Queued is a call queued on the batcher, whose reply is still to come.
+type Queued struct {
+	c *call
+}
+
+// Wait returns the queued call's outcome, waiting at most until ctx ends
+// or the call's timeout passes.
+func (q Queued) Wait(ctx context.Context) error {
+	if q.c == nil {
 		return nil
 	}
-	ctx, cancel := s.call(ctx)
+	ctx, cancel := context.WithDeadline(ctx, q.c.until)
 	defer cancel()
+	select {
+	case cmd := <-q.c.reply:
+		return cmd.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// QueueRenew queues Renew and returns at once: the renewal reaches Redis
+// after every call queued before it (a caller can stop ordering its calls
+// against the renewal as soon as it is queued) and before every later one.
+func (s *Store) QueueRenew(upstreams, providers map[string]int64) Queued {
+	if len(upstreams)+len(providers) == 0 {
+		return Queued{}
+	}
 	keys := make([]string, 0, 2*(len(upstreams)+len(providers)))
 	args := []any{s.instance, s.ttlMS}
 	for id, n := range upstreams {
@@ -181,7 +249,10 @@ func (s *Store) Renew(ctx context.Context, upstreams, providers map[string]int64
 		keys = append(keys, h, z)
 		args = append(args, n)
 	}
-	return renewScript.Run(ctx, s.c, keys, args...).Err()
+	c := &call{script: renewScript, keys: keys, args: args, until: time.Now().Add(s.timeout),
+		reply: make(chan *redis.Cmd, 1)}
+	s.b.queue(c)
+	return Queued{c}
 }
 
 // Used returns the fleet-wide in-flight count of each upstream and provider.
@@ -189,8 +260,6 @@ func (s *Store) Used(ctx context.Context, upstreams, providers []string) (map[st
 	if len(upstreams)+len(providers) == 0 {
 		return nil, nil, nil
 	}
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	var keys []string
 	for _, id := range upstreams {
 		h, z := s.upKeys(id)
@@ -200,7 +269,7 @@ func (s *Store) Used(ctx context.Context, upstreams, providers []string) (map[st
 		h, z := s.provKeys(id)
 		keys = append(keys, h, z)
 	}
-	vals, err := usedScript.Run(ctx, s.c, keys).Int64Slice()
+	vals, err := s.run(ctx, usedScript, keys).Int64Slice()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -227,9 +296,7 @@ type Cooling struct {
 // Fail records a failure on a backoff scope (the doubling happens on the
 // server), or with hold > 0 a Retry-After hold, and announces it.
 func (s *Store) Fail(ctx context.Context, scope string, capacity, hold time.Duration) (Cooling, error) {
-	ctx, cancel := s.call(ctx)
-	defer cancel()
-	vals, err := coolScript.Run(ctx, s.c, []string{s.prefix + "backoff:" + scope},
+	vals, err := s.run(ctx, coolScript, []string{s.prefix + "backoff:" + scope},
 		capacity.Milliseconds(), hold.Milliseconds(), s.WakeChannel(), scope).Int64Slice()
 	if err != nil {
 		return Cooling{}, err
@@ -244,9 +311,7 @@ func (s *Store) Fail(ctx context.Context, scope string, capacity, hold time.Dura
 // Succeed ends a backoff scope's streak and announces it; it returns the
 // Retry-After hold still running.
 func (s *Store) Succeed(ctx context.Context, scope string) (time.Duration, error) {
-	ctx, cancel := s.call(ctx)
-	defer cancel()
-	ms, err := successScript.Run(ctx, s.c, []string{s.prefix + "backoff:" + scope}, s.WakeChannel(), scope).Int64()
+	ms, err := s.run(ctx, successScript, []string{s.prefix + "backoff:" + scope}, s.WakeChannel(), scope).Int64()
 	return time.Duration(ms) * time.Millisecond, err
 }
 
@@ -255,13 +320,11 @@ func (s *Store) Backoffs(ctx context.Context, scopes []string) ([]Cooling, error
 	if len(scopes) == 0 {
 		return nil, nil
 	}
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	keys := make([]string, len(scopes))
 	for i, sc := range scopes {
 		keys[i] = s.prefix + "backoff:" + sc
 	}
-	vals, err := backoffsScript.Run(ctx, s.c, keys).Int64Slice()
+	vals, err := s.run(ctx, backoffsScript, keys).Int64Slice()
 	if err != nil {
 		return nil, err
 	}

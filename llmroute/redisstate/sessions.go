@@ -28,9 +28,7 @@ func (s *Store) Session(ctx context.Context, keys []string, candidate string, tt
 	if len(keys) == 0 {
 		return candidate, nil
 	}
-	ctx, cancel := s.call(ctx)
-	defer cancel()
-	id, err := sessionsScript.Run(ctx, s.c, keys, candidate, strconv.FormatInt(max(int64(ttl/time.Second), 1), 10)).Text()
+	id, err := s.run(ctx, sessionsScript, keys, candidate, strconv.FormatInt(max(int64(ttl/time.Second), 1), 10)).Text()
 	if err != nil {
 		return "", err
 	}

@@ -1,0 +1,213 @@
+package redisstate
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestBatchedClaimsKeepTheLimit sends 200 concurrent claims through one
+// store's batcher against a limit of 10: exactly 10 are granted, fleet-wide
+// counting says 10, and they went out in fewer pipelines than calls.
+func TestBatchedClaimsKeepTheLimit(t *testing.T) {
+	addr := startRedis(t)
+	s := open(addr, "a", 30*time.Second)
+	defer s.Close()
+	ctx := context.Background()
+	if _, _, err := s.Used(ctx, []string{"u"}, nil); err != nil { // connect first
+		t.Fatal(err)
+	}
+	pipes0 := s.b.sent.Load()
+
+	const n = 200
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	verdicts := make([]Verdict, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			verdicts[i], errs[i] = s.Claim(ctx, "u", "p", 10, -1)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	granted := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("claim %d: %v", i, errs[i])
+		}
+		switch verdicts[i] {
+		case Claimed:
+			granted++
+		case UpstreamFull:
+		default:
+			t.Fatalf("claim %d: verdict %v", i, verdicts[i])
+		}
+	}
+	if granted != 10 {
+		t.Fatalf("%d claims granted against a limit of 10", granted)
+	}
+	pipes := s.b.sent.Load() - pipes0
+	if pipes >= n/2 {
+		t.Errorf("%d concurrent claims took %d pipelines: not batched", n, pipes)
+	}
+	t.Logf("%d claims in %d pipelines", n, pipes)
+	ups, _, err := s.Used(ctx, []string{"u"}, nil)
+	if err != nil || ups["u"] != 10 {
+		t.Fatalf("used = %v, %v; want u 10", ups, err)
+	}
+}
+
+// TestReleaseLaterKeepsOrderAndDrainsOnClose: releases nobody waits for
+// reach Redis before a renewal queued after them, one wake message covers a
+// batch of them, and Close sends those still queued; a call after Close
+// fails with ErrClosed.
+func TestReleaseLaterKeepsOrderAndDrainsOnClose(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := open(addr, "a", 30*time.Second)
+	for range 5 {
+		if v, err := s.Claim(ctx, "u", "p", -1, -1); err != nil || v != Claimed {
+			t.Fatal(v, err)
+		}
+	}
+	// Three releases, then a renewal writing the count they leave (2):
+	// applied out of order the count would end at -1 (the field dropped,
+	// 0) instead of 2.
+	var failures []error
+	var mu sync.Mutex
+	onErr := func(err error) { mu.Lock(); failures = append(failures, err); mu.Unlock() }
+	for range 3 {
+		s.ReleaseLater("u", "p", onErr)
+	}
+	if err := s.Renew(ctx, map[string]int64{"u": 2}, map[string]int64{"p": 2}); err != nil {
+		t.Fatal(err)
+	}
+	ups, provs, err := s.Used(ctx, []string{"u"}, []string{"p"})
+	if err != nil || ups["u"] != 2 || provs["p"] != 2 {
+		t.Fatalf("after 3 queued releases and a renewal: %v %v %v, want u 2, p 2", ups, provs, err)
+	}
+
+	// Close drains: both queued releases reach Redis.
+	s.ReleaseLater("u", "p", onErr)
+	s.ReleaseLater("u", "p", onErr)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(failures) != 0 {
+		t.Fatalf("queued releases failed: %v", failures)
+	}
+	mu.Unlock()
+	other := open(addr, "b", 30*time.Second)
+	defer other.Close()
+	ups, provs, err = other.Used(ctx, []string{"u"}, []string{"p"})
+	if err != nil || ups["u"] != 0 || provs["p"] != 0 {
+		t.Fatalf("after Close: %v %v %v, want u 0, p 0 (releases queued before Close sent)", ups, provs, err)
+	}
+	if _, err := s.Claim(ctx, "u", "p", -1, -1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("claim after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestBatchedReleasesPublishOnce: a batch of releases sends one wake
+// message, not one each; a lone release sends its own.
+func TestBatchedReleasesPublishOnce(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := open(addr, "a", 30*time.Second)
+	defer s.Close()
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	for range 50 {
+		if _, err := s.Claim(ctx, "u", "p", -1, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	published := func() int64 {
+		t.Helper()
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := infoField(info, "cmdstat_publish")
+		if v == "" {
+			return 0
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("cmdstat_publish: %q", v)
+		}
+		return n
+	}
+	p0 := published()
+	if err := s.Release(ctx, "u", "p"); err != nil {
+		t.Fatal(err)
+	}
+	if got := published() - p0; got != 1 {
+		t.Fatalf("a lone release published %d messages, want 1", got)
+	}
+
+	// Hold the batcher on a slow script so that the releases queue up
+	// behind it and go out as one batch.
+	p0 = published()
+	slow := redis.NewScript(`local t = redis.call('TIME') local e = tonumber(t[1]) + tonumber(t[2]) / 1e6 + 0.3
+while true do local n = redis.call('TIME') if tonumber(n[1]) + tonumber(n[2]) / 1e6 >= e then break end end
+return 1`)
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx, slow, []string{"x:slow"}).Err() }()
+	time.Sleep(50 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 49 {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = s.Release(ctx, "u", "p") }()
+	}
+	wg.Wait()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := published() - p0; got < 1 || got > 10 {
+		t.Fatalf("49 concurrent releases published %d messages, want 1 per batch (1..10)", got)
+	}
+	ups, _, err := s.Used(ctx, []string{"u"}, nil)
+	if err != nil || ups["u"] != 0 {
+		t.Fatalf("used = %v, %v; want u 0", ups, err)
+	}
+}
+
+// TestBatchAfterScriptFlush: scripts the server forgot (a restart, SCRIPT
+// FLUSH) are sent again in full within the same call.
+func TestBatchAfterScriptFlush(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := open(addr, "a", 30*time.Second)
+	defer s.Close()
+	if _, err := s.Claim(ctx, "u", "p", -1, -1); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.Claim(ctx, "u", "p", -1, -1); err != nil || v != Claimed {
+		t.Fatalf("claim after SCRIPT FLUSH: %v, %v", v, err)
+	}
+	if err := s.Release(ctx, "u", "p"); err != nil {
+		t.Fatal(err)
+	}
+	ups, _, err := s.Used(ctx, []string{"u"}, nil)
+	if err != nil || ups["u"] != 1 {
+		t.Fatalf("used = %v, %v; want u 1", ups, err)
+	}
+}
