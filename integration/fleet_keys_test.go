@@ -364,3 +364,53 @@ func TestFleetKeyReservationOfKilledInstanceLapses(t *testing.T) {
 	}
 	t.Logf("reservation gone %v after kill -9 (lease_ttl %v)", time.Since(killed), ttl)
 }
+
+// A settlement Redis does not take (here: Redis paused as the request
+// ends, the call times out) is sent again once Redis answers, so the
+// request's real use reaches the fleet's budget instead of lapsing with
+// its reservation.
+func TestFleetKeySettlementRetriedAfterRedisFails(t *testing.T) {
+	rs := startRedis(t)
+	g := newGate()
+	up := newUpstream(t, gatedUsage(g, 20, 1000))
+	t.Cleanup(g.open)
+	conf := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000))
+	conf["state"].(map[string]any)["lease_ttl"] = "3s"
+	conf["state"].(map[string]any)["timeout"] = "300ms"
+	p := startProxy(t, conf)
+	eventually(t, 15*time.Second, "redis state healthy", func() bool {
+		_, body := p.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
+	})
+	done := make(chan int, 1)
+	go func() {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
+		resp, err := p.post(context.Background(), body, "Authorization", "Bearer "+secretTeam)
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	g.waitArrivals(t, 1)
+	c := rs.client()
+	defer c.Close()
+	before := p.metric("llm_proxy_state_errors_total")
+	if err := c.Do(context.Background(), "CLIENT", "PAUSE", "2000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	g.open()
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("the request answered %d", code)
+	}
+	eventually(t, 5*time.Second, "the settlement failed (counted)", func() bool {
+		return p.metric("llm_proxy_state_errors_total") > before
+	})
+	day := fmt.Sprintf("t:key:k:d:%d", time.Now().Unix()/86400)
+	eventually(t, 15*time.Second, "the request's use settled in Redis", func() bool {
+		acct := c.HGetAll(context.Background(), day).Val()
+		return acct["ut"] == "1020" && acct["rt"] == "0"
+	})
+}

@@ -84,6 +84,9 @@ type fleet struct {
 	// retired: no handler uses the fleet any more, only requests that
 	// started under it; its renewals then only keep their reservations.
 	retired atomic.Bool
+	// settleLater holds the key settlements Redis did not take, sent
+	// again with each renewal until it does.
+	settleLater pendingSettles
 
 	life         sync.Mutex // orders start against Destruct and the close
 	started      bool
@@ -254,7 +257,10 @@ func (f *fleet) renew(ctx context.Context) error {
 			return err
 		}
 	}
-	return f.store.RenewKeyLeases(ctx)
+	if err := f.store.RenewKeyLeases(ctx); err != nil {
+		return err
+	}
+	return f.settleLater.retry(ctx, f)
 }
 
 // renewSlots holds the write lock only while it reads the counts and

@@ -2,6 +2,7 @@ package llmroute
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
@@ -13,7 +14,10 @@ import (
 // fails, on_state_error decides: local answers from this process's memory
 // store (the same limits, counted here only; the error is counted), reject
 // refuses. The memory store is the one the handler would use anyway, so the
-// fallback needs no warm-up and a key's accounts exist there already.
+// fallback needs no warm-up and a key's accounts exist there already; every
+// settlement Redis takes is added to it too, so a fallback starts from what
+// this instance used (not from nothing; the other instances' use it cannot
+// know).
 type fleetKeys struct {
 	f     *fleet
 	local *keys.Memory
@@ -83,18 +87,73 @@ func (s *fleetKeys) Reserve(id string, now time.Time, b keys.Budget, a keys.Amou
 // while it is thought unreachable (one bounded call, and only for the
 // requests that were running when it went away): settling it locally
 // would subtract a reservation memory never had. If Redis does not take
-// it, the error is counted and the reservation lapses with its lease
-// (lease_ttl, no longer renewed). Settling gives back the hold on the
+// it, the error is counted, the reservation lapses with its lease
+// (lease_ttl, no longer renewed) and the settlement is sent again with each
+// renewal until Redis takes it (the script adds the use whether the lease
+// is still there or not), so a request's real cost is never lost; the
+// client stays open for it meanwhile. Settling gives back the hold on the
 // client that Reserve took.
 func (s *fleetKeys) Settle(h keys.Hold, actual keys.Amount, now time.Time) {
 	if !h.Shared {
 		s.local.Settle(h, actual, now)
 		return
 	}
-	defer s.f.done()
+	s.local.Settle(keys.Hold{ID: h.ID}, actual, now) // the local mirror: use only
 	if err := s.f.store.KeySettle(context.Background(), h, actual, now); err != nil {
 		s.f.failed(err)
+		s.f.settleLater.add(s.f, pendingSettle{h, actual, now}) // keeps the client hold
+		return
 	}
+	s.f.done()
+}
+
+// maxPendingSettles bounds the settlements kept for a Redis that does not
+// come back (each about 100 bytes).
+const maxPendingSettles = 100_000
+
+type pendingSettle struct {
+	h      keys.Hold
+	actual keys.Amount
+	at     time.Time
+}
+
+// pendingSettles are key settlements Redis did not take; each keeps its
+// hold on the fleet's client until it is sent.
+type pendingSettles struct {
+	mu   sync.Mutex
+	list []pendingSettle
+}
+
+func (p *pendingSettles) add(f *fleet, ps pendingSettle) {
+	p.mu.Lock()
+	p.list = append(p.list, ps)
+	dropped := len(p.list) > maxPendingSettles
+	if dropped { // the oldest is given up
+		p.list = p.list[1:]
+	}
+	p.mu.Unlock()
+	if dropped {
+		f.done()
+	}
+}
+
+// retry sends the pending settlements again, in order, and keeps those
+// Redis still does not take.
+func (p *pendingSettles) retry(ctx context.Context, f *fleet) error {
+	p.mu.Lock()
+	list := p.list
+	p.list = nil
+	p.mu.Unlock()
+	for i, ps := range list {
+		if err := f.store.KeySettle(ctx, ps.h, ps.actual, ps.at); err != nil {
+			p.mu.Lock()
+			p.list = append(list[i:len(list):len(list)], p.list...)
+			p.mu.Unlock()
+			return err
+		}
+		f.done()
+	}
+	return nil
 }
 
 // Usage implements keys.Store: the fleet-wide accounting, else this
