@@ -41,16 +41,25 @@ type call struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-	// release marks a release: only the last release of a batch publishes
-	// the wake message (one message wakes every queue), the others run
-	// with an empty channel argument.
-	release bool
-	until   time.Time // not sent after this
+	// kind and pair let the batcher merge calls (see plan): claims and
+	// releases of the same pair (pair names the keys, and for a claim its
+	// limits) queued together become one script call each.
+	kind  kind
+	pair  string
+	until time.Time // not sent after this
 	// Exactly one of reply (a caller waits) and onErr (a call nobody waits
 	// for, e.g. a release; nil ignores the error) is used.
 	reply chan *redis.Cmd
 	onErr func(error)
 }
+
+type kind uint8
+
+const (
+	plainCall kind = iota
+	claimCall
+	releaseCall
+)
 
 // finish delivers the call's outcome; it never blocks the batcher (reply
 // has room for its one answer).
@@ -79,7 +88,10 @@ type batcher struct {
 	pending []*call
 	closed  bool
 
-	sent atomic.Int64 // pipelines sent (round trips), for the tests and benchmarks
+	loaded map[*redis.Script]bool // scripts seen to run; the batcher goroutine's own
+
+	sent    atomic.Int64 // pipelines sent (round trips), for the tests and benchmarks
+	scripts atomic.Int64 // script calls sent (merged calls count once), likewise
 
 	kick chan struct{} // one token: something is pending
 	quit chan struct{}
@@ -87,7 +99,7 @@ type batcher struct {
 }
 
 func newBatcher(c *redis.Client, timeout time.Duration) *batcher {
-	b := &batcher{c: c, timeout: timeout, kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	b := &batcher{c: c, timeout: timeout, loaded: map[*redis.Script]bool{}, kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	go b.run()
 	return b
 }
@@ -181,54 +193,170 @@ func (b *batcher) send(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	lastRelease := -1
-	for i, c := range live {
-		if c.release {
-			lastRelease = i
-		}
-	}
-	args := func(i int) []any {
-		c := live[i]
-		if c.release && i != lastRelease {
-			return []any{c.args[0], ""} // the last release of the batch publishes for all
-		}
-		return c.args
-	}
-
+	ops := plan(live)
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	b.sent.Add(1)
-	if len(live) == 1 { // the idle case: a plain call costs less than a pipeline of one
-		c := live[0]
-		c.finish(c.script.Run(ctx, b.c, c.keys, args(0)...))
+	b.scripts.Add(int64(len(ops)))
+	if len(ops) == 1 { // the idle case: a plain call costs less than a pipeline of one
+		o := ops[0]
+		o.finish(o.script.Run(ctx, b.c, o.keys, o.args...))
 		return
 	}
-	cmds := make([]*redis.Cmd, len(live))
+	cmds := make([]*redis.Cmd, len(ops))
+	// A script not yet seen to run goes in full (which caches it on the
+	// server): a NOSCRIPT would make it run after the calls behind it.
 	// Exec's error is the first failed command's: each command has its own.
 	_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range live {
-			cmds[i] = c.script.EvalSha(ctx, p, c.keys, args(i)...)
+		for i, o := range ops {
+			if b.loaded[o.script] {
+				cmds[i] = o.script.EvalSha(ctx, p, o.keys, o.args...)
+			} else {
+				cmds[i] = o.script.Eval(ctx, p, o.keys, o.args...)
+			}
 		}
 		return nil
 	})
-	// A script the server does not know (a restart, SCRIPT FLUSH) is sent
-	// again in full, which also caches it for the next batches.
+	// A script the server forgot (a restart, SCRIPT FLUSH) is sent again
+	// in full, after the others of the batch (the next renewal heals a
+	// count this reorders).
 	var again []int
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		switch err := cmd.Err(); {
+		case redis.HasErrorPrefix(err, "NOSCRIPT"):
 			again = append(again, i)
+			delete(b.loaded, ops[i].script)
+		case err == nil:
+			b.loaded[ops[i].script] = true
 		}
 	}
 	if len(again) > 0 {
 		b.sent.Add(1)
 		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range again {
-				cmds[i] = live[i].script.Eval(ctx, p, live[i].keys, args(i)...)
+				cmds[i] = ops[i].script.Eval(ctx, p, ops[i].keys, ops[i].args...)
 			}
 			return nil
 		})
 	}
-	for i, c := range live {
-		c.finish(cmds[i])
+	for i, o := range ops {
+		o.finish(cmds[i])
+	}
+}
+
+// op is one script call sent: a queued call, or several merged.
+type op struct {
+	script  *redis.Script
+	keys    []string
+	args    []any
+	kind    kind
+	members []*call // the queued calls it answers, in queue order
+}
+
+// plan turns a batch into the script calls to send. Each maximal run of
+// claims and releases between two other calls (a renewal, a read, a
+// backoff: these keep their place) is sent as its releases, one call per
+// pair with the count, then its claims, one "claim up to k" per pair (and
+// limits), each merged call where its pair first appears in the run.
+//
+// Why the order inside a run may change: the calls of a run were all
+// pending at once, so none of their callers has seen another's outcome,
+// except that a release is queued only after its own claim's reply, which
+// is in an earlier batch. Releases commute among themselves (a count moved
+// down by the sum; a field at or below zero is dropped either way), and
+// claims of one pair in one call are granted in queue order, exactly as
+// one by one. Moving a release before a claim of the same run only frees a
+// slot sooner for it, as if it had been queued first; nothing crosses a
+// renewal, whose absolute counts must see every call queued before it and
+// none after.
+//
+// The last release call of the batch publishes the wake message for all.
+func plan(live []*call) []op {
+	ops := make([]op, 0, len(live))
+	for i := 0; i < len(live); {
+		if live[i].kind == plainCall {
+			c := live[i]
+			ops = append(ops, op{script: c.script, keys: c.keys, args: c.args, members: []*call{c}})
+			i++
+			continue
+		}
+		j := i
+		for j < len(live) && live[j].kind != plainCall {
+			j++
+		}
+		ops = appendMerged(ops, live[i:j], releaseCall)
+		ops = appendMerged(ops, live[i:j], claimCall)
+		i = j
+	}
+	last := -1
+	for i := range ops {
+		if ops[i].kind == releaseCall {
+			last = i
+		}
+	}
+	for i := range ops {
+		o := &ops[i]
+		switch o.kind {
+		case releaseCall: // instance, count, wake channel ("" but for the last)
+			ch := o.members[0].args[1]
+			if i != last {
+				ch = ""
+			}
+			o.args = []any{o.members[0].args[0], len(o.members), ch}
+		case claimCall: // instance, ttl, limit, capacity, then k
+			o.args = append(append(make([]any, 0, 5), o.members[0].args...), len(o.members))
+		}
+	}
+	return ops
+}
+
+// appendMerged appends one op per pair of the run's calls of kind k, in
+// the order the pairs first appear; each op's members in queue order.
+func appendMerged(ops []op, run []*call, k kind) []op {
+	first := len(ops)
+	for _, c := range run {
+		if c.kind != k {
+			continue
+		}
+		merged := false
+		for i := first; i < len(ops); i++ {
+			if ops[i].members[0].pair == c.pair {
+				ops[i].members = append(ops[i].members, c)
+				merged = true
+				break
+			}
+		}
+		if !merged {
+			ops = append(ops, op{script: c.script, keys: c.keys, kind: k, members: []*call{c}})
+		}
+	}
+	return ops
+}
+
+// finish hands each member its outcome: a merged claim's {granted,
+// reason} becomes Claimed for the first granted members and the reason
+// for the others.
+func (o *op) finish(cmd *redis.Cmd) {
+	if o.kind != claimCall || cmd.Err() != nil {
+		for _, c := range o.members {
+			c.finish(cmd)
+		}
+		return
+	}
+	vals, err := cmd.Int64Slice()
+	if err == nil && len(vals) != 2 {
+		err = errors.New("redis: unexpected answer to the claim script")
+	}
+	for i, c := range o.members {
+		r := redis.NewCmd(context.Background())
+		switch {
+		case err != nil:
+			r.SetErr(err)
+		case int64(i) < vals[0]:
+			r.SetVal(int64(Claimed))
+		default:
+			r.SetVal(vals[1])
+		}
+		c.finish(r)
 	}
 }

@@ -211,3 +211,206 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 		t.Fatalf("used = %v, %v; want u 1", ups, err)
 	}
 }
+
+// holdBatcher keeps s's batcher busy on a slow script for d, so that the
+// calls queued meanwhile go out together as the next batch; it returns a
+// wait for the slow call.
+func holdBatcher(t *testing.T, s *Store, d time.Duration) func() {
+	t.Helper()
+	slow := redis.NewScript(`local t = redis.call('TIME') local e = tonumber(t[1]) + tonumber(t[2]) / 1e6 + ` +
+		strconv.FormatFloat(d.Seconds(), 'f', 3, 64) + `
+while true do local n = redis.call('TIME') if tonumber(n[1]) + tonumber(n[2]) / 1e6 >= e then break end end
+return 1`)
+	done := make(chan error, 1)
+	scripts0 := s.b.scripts.Load()
+	go func() { done <- s.run(context.Background(), slow, []string{"x:slow"}).Err() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.b.scripts.Load() == scripts0 { // counted as it is sent
+		if time.Now().After(deadline) {
+			t.Fatal("the slow call was not sent")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return func() {
+		t.Helper()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitPending waits until s's batcher has exactly n calls queued.
+func waitPending(t *testing.T, s *Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.b.mu.Lock()
+		got := len(s.b.pending)
+		s.b.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestMergedReleasesKeepOrder: releases queued together for one pair go
+// out as one script call with their count, one per pair, and never cross a
+// renewal queued among them: releases before it are applied before its
+// absolute counts, releases after it after them. The batch publishes one
+// wake message.
+func TestMergedReleasesKeepOrder(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := open(addr, "a", 30*time.Second)
+	defer s.Close()
+	for range 10 {
+		for _, u := range []string{"u", "v"} {
+			if v, err := s.Claim(ctx, u, "p", -1, -1); err != nil || v != Claimed {
+				t.Fatal(v, err)
+			}
+		}
+	}
+	published := publishCounter(t, addr)
+	p0 := published()
+	wait := holdBatcher(t, s, 500*time.Millisecond)
+	scripts0 := s.b.scripts.Load()
+	var mu sync.Mutex
+	var failures []error
+	onErr := func(err error) { mu.Lock(); failures = append(failures, err); mu.Unlock() }
+	// 4 u and 3 v interleaved, the renewal (u 6, v 7, p 13: what they
+	// leave), then 2 more u: u must end at 4 (at 6 had the 2 gone before
+	// the renewal, at 2 had the 4 gone after it), v at 7, p at 11.
+	for _, u := range []string{"u", "v", "u", "v", "u", "v", "u"} {
+		s.ReleaseLater(u, "p", onErr)
+	}
+	q := s.QueueRenew(map[string]int64{"u": 6, "v": 7}, map[string]int64{"p": 13})
+	s.ReleaseLater("u", "p", onErr)
+	s.ReleaseLater("u", "p", onErr)
+	waitPending(t, s, 10)
+	wait()
+	if err := q.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ups, provs, err := s.Used(ctx, []string{"u", "v"}, []string{"p"})
+	if err != nil || ups["u"] != 4 || ups["v"] != 7 || provs["p"] != 11 {
+		t.Fatalf("used = %v %v %v; want u 4, v 7, p 11", ups, provs, err)
+	}
+	// 2 merged releases (u, v) + the renewal + 1 merged release (u) + Used.
+	if got := s.b.scripts.Load() - scripts0; got != 5 {
+		t.Errorf("10 queued calls and a read took %d script calls, want 5", got)
+	}
+	if got := published() - p0; got != 1 {
+		t.Errorf("one batch of releases published %d messages, want 1", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(failures) != 0 {
+		t.Fatalf("releases failed: %v", failures)
+	}
+}
+
+// TestMergedClaimsGrantInQueueOrder: claims queued together for one pair
+// go out as one "claim up to k" call; exactly the limit is granted, to the
+// first callers in queue order, the others get the reason (upstream or
+// provider full), and a release queued among them frees its slot for them.
+func TestMergedClaimsGrantInQueueOrder(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := open(addr, "a", 30*time.Second)
+	defer s.Close()
+	// One slot of u held already: the release queued below frees it. It
+	// is the first release of this store: sent in full, not as a NOSCRIPT
+	// sent again after the claims.
+	if v, err := s.Claim(ctx, "u", "p", 10, 15); err != nil || v != Claimed {
+		t.Fatal(v, err)
+	}
+	wait := holdBatcher(t, s, 500*time.Millisecond)
+	scripts0 := s.b.scripts.Load()
+
+	// 30 claims of u (limit 10) and 30 of w (limit 100) interleaved, both
+	// on provider p (capacity 15), then one release of u: u gets 10 (the
+	// release frees the slot held), w the 5 units of p left.
+	const each = 30
+	type claim struct {
+		up string
+		v  Verdict
+	}
+	claims := make([]claim, 2*each)
+	errs := make([]error, 2*each)
+	var wg sync.WaitGroup
+	for i := range claims {
+		claims[i].up = []string{"u", "w"}[i%2]
+		limit := map[string]int64{"u": 10, "w": 100}[claims[i].up]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			claims[i].v, errs[i] = s.Claim(ctx, claims[i].up, "p", limit, 15)
+		}()
+		waitPending(t, s, i+1) // queue order = index order
+	}
+	var relErr error
+	s.ReleaseLater("u", "p", func(err error) { relErr = err })
+	waitPending(t, s, 2*each+1)
+	wait()
+	wg.Wait()
+	granted := map[string]int{}
+	for i, c := range claims {
+		if errs[i] != nil {
+			t.Fatalf("claim %d: %v", i, errs[i])
+		}
+		n := granted[c.up]
+		var want Verdict
+		switch {
+		case c.up == "u" && n < 10, c.up == "w" && n < 5:
+			want = Claimed
+		case c.up == "u":
+			want = UpstreamFull
+		default:
+			want = ProviderFull
+		}
+		if c.v != want {
+			t.Fatalf("claim %d (%s, its #%d): %v, want %v", i, c.up, n+1, c.v, want)
+		}
+		if c.v == Claimed {
+			granted[c.up]++
+		}
+	}
+	if relErr != nil {
+		t.Fatal(relErr)
+	}
+	// The release, one claim call for u, one for w.
+	if got := s.b.scripts.Load() - scripts0; got != 3 {
+		t.Errorf("61 queued calls took %d script calls, want 3", got)
+	}
+	ups, provs, err := s.Used(ctx, []string{"u", "w"}, []string{"p"})
+	if err != nil || ups["u"] != 10 || ups["w"] != 5 || provs["p"] != 15 {
+		t.Fatalf("used = %v %v %v; want u 10, w 5, p 15", ups, provs, err)
+	}
+}
+
+// publishCounter returns a reader of the server's PUBLISH count.
+func publishCounter(t *testing.T, addr string) func() int64 {
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return func() int64 {
+		t.Helper()
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := infoField(info, "cmdstat_publish")
+		if v == "" {
+			return 0
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("cmdstat_publish: %q", v)
+		}
+		return n
+	}
+}

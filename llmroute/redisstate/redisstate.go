@@ -172,8 +172,13 @@ const (
 func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, capacity int64) (Verdict, error) {
 	uh, uz := s.upKeys(upstream)
 	ph, pz := s.provKeys(provider)
-	n, err := s.run(ctx, claimScript, []string{uh, uz, ph, pz},
-		s.instance, s.ttlMS, limit, capacity).Int64()
+	ctx, cancel := s.call(ctx)
+	defer cancel()
+	until, _ := ctx.Deadline()
+	lim, capa := strconv.FormatInt(limit, 10), strconv.FormatInt(capacity, 10)
+	n, err := s.b.do(ctx, &call{script: claimScript, keys: []string{uh, uz, ph, pz},
+		args: []any{s.instance, s.ttlMS, lim, capa}, until: until,
+		kind: claimCall, pair: upstream + "\x00" + provider + "\x00" + lim + "\x00" + capa}).Int64()
 	if err != nil {
 		return UpstreamFull, err
 	}
@@ -201,7 +206,7 @@ func (s *Store) releaseCall(upstream, provider string, until time.Time) *call {
 	uh, _ := s.upKeys(upstream)
 	ph, _ := s.provKeys(provider)
 	return &call{script: releaseScript, keys: []string{uh, ph}, args: []any{s.instance, s.WakeChannel()},
-		release: true, until: until}
+		kind: releaseCall, pair: upstream + "\x00" + provider, until: until}
 }
 
 // Renew sets this instance's counts to what it holds and renews its leases.
