@@ -268,7 +268,9 @@ type op struct {
 // one by one. Moving a release before a claim of the same run only frees a
 // slot sooner for it, as if it had been queued first; nothing crosses a
 // renewal, whose absolute counts must see every call queued before it and
-// none after.
+// none after. (A release whose claim Redis never saw, one made while it
+// was unreachable, may end one off either way, as it could before: the
+// next renewal writes the true count.)
 //
 // The last release call of the batch publishes the wake message for all.
 func plan(live []*call) []op {

@@ -414,3 +414,49 @@ func publishCounter(t *testing.T, addr string) func() int64 {
 		return n
 	}
 }
+
+// TestPipelinedBatchAfterScriptFlush: a batch sent as a pipeline whose
+// scripts the server forgot gets them again in full, and the counts end
+// right.
+func TestPipelinedBatchAfterScriptFlush(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := open(addr, "a", 30*time.Second)
+	defer s.Close()
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	batch := func(claims int, rel string) {
+		t.Helper()
+		wait := holdBatcher(t, s, 300*time.Millisecond)
+		var wg sync.WaitGroup
+		for i := range claims {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if v, err := s.Claim(ctx, []string{"u", "v"}[i%2], "p", -1, -1); err != nil || v != Claimed {
+					t.Errorf("claim: %v %v", v, err)
+				}
+			}()
+		}
+		waitPending(t, s, claims)
+		s.ReleaseLater(rel, "p", func(err error) { t.Errorf("release: %v", err) })
+		waitPending(t, s, claims+1)
+		wait()
+		wg.Wait()
+	}
+	// One slot each held first: a release is queued only after its claim.
+	for _, u := range []string{"u", "v"} {
+		if v, err := s.Claim(ctx, u, "p", -1, -1); err != nil || v != Claimed {
+			t.Fatal(v, err)
+		}
+	}
+	batch(4, "u") // first pipeline: scripts sent in full
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	batch(4, "v") // EVALSHA, NOSCRIPT, sent again in full
+	ups, provs, err := s.Used(ctx, []string{"u", "v"}, []string{"p"})
+	if err != nil || ups["u"] != 4 || ups["v"] != 4 || provs["p"] != 8 {
+		t.Fatalf("used = %v %v %v; want u 4, v 4, p 8", ups, provs, err)
+	}
+}
