@@ -293,3 +293,68 @@ func infoField(info, name string) string {
 	}
 	return ""
 }
+
+// TestClaimLeavesLiveLeaseToRenewal: a claim by an instance that holds
+// slots already leaves its lease (the renewals push it on); one that holds
+// none writes it and the keys' expiry, so the keys never lack one.
+func TestClaimLeavesLiveLeaseToRenewal(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	a, b := open(addr, "a", 10*time.Second), open(addr, "b", 10*time.Second)
+	defer a.Close()
+	defer b.Close()
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	keys := []string{"x:up:u", "x:up:u:leases", "x:prov:p", "x:prov:p:leases"}
+	check := func(step string) {
+		t.Helper()
+		for _, k := range keys {
+			ttl, err := c.PTTL(ctx, k).Result()
+			if err != nil || ttl <= 0 || ttl > 20*time.Second {
+				t.Fatalf("%s: %s expires in %v (%v), want (0, 20s]", step, k, ttl, err)
+			}
+		}
+	}
+	lease := func() float64 {
+		t.Helper()
+		v, err := c.ZScore(ctx, "x:up:u:leases", "a").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	claim := func(s *Store) {
+		t.Helper()
+		if v, err := s.Claim(ctx, "u", "p", -1, -1); err != nil || v != Claimed {
+			t.Fatal(v, err)
+		}
+	}
+	claim(a)
+	check("a's first claim")
+	first := lease()
+	time.Sleep(20 * time.Millisecond) // a lease written again would move on
+	claim(b)
+	check("b's first claim")
+	claim(a)
+	if got := lease(); got != first {
+		t.Fatalf("a claim with a live lease moved it: %v → %v", first, got)
+	}
+	for range 2 {
+		if err := a.Release(ctx, "u", "p"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim(a) // a holds nothing: its lease is written anew
+	if got := lease(); got <= first {
+		t.Fatalf("a claim holding nothing left the lease at %v (was %v)", got, first)
+	}
+	check("a's claim after its releases")
+	if err := b.Release(ctx, "u", "p"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx, "u", "p"); err != nil {
+		t.Fatal(err)
+	}
+	claim(b) // the hash is gone: created again, with its expiry
+	check("a claim on a new hash")
+}
