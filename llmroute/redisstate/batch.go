@@ -349,16 +349,20 @@ func (o *op) finish(cmd *redis.Cmd) {
 	if err == nil && len(vals) != 2 {
 		err = errors.New("redis: unexpected answer to the claim script")
 	}
+	// Two answers shared by the members (a reply is only read).
+	granted, refused := redis.NewCmd(context.Background()), redis.NewCmd(context.Background())
+	if err != nil {
+		granted.SetErr(err)
+		refused.SetErr(err)
+	} else {
+		granted.SetVal(int64(Claimed))
+		refused.SetVal(vals[1])
+	}
 	for i, c := range o.members {
-		r := redis.NewCmd(context.Background())
-		switch {
-		case err != nil:
-			r.SetErr(err)
-		case int64(i) < vals[0]:
-			r.SetVal(int64(Claimed))
-		default:
-			r.SetVal(vals[1])
+		if err == nil && int64(i) < vals[0] {
+			c.finish(granted)
+		} else {
+			c.finish(refused)
 		}
-		c.finish(r)
 	}
 }

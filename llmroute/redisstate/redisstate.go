@@ -175,10 +175,14 @@ func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, cap
 	ctx, cancel := s.call(ctx)
 	defer cancel()
 	until, _ := ctx.Deadline()
-	lim, capa := strconv.FormatInt(limit, 10), strconv.FormatInt(capacity, 10)
+	// Claims merge when their keys and limits are the same (pair).
+	var buf [128]byte
+	pair := append(append(append(buf[:0], upstream...), 0), provider...)
+	pair = strconv.AppendInt(append(pair, 0), limit, 10)
+	pair = strconv.AppendInt(append(pair, 0), capacity, 10)
 	n, err := s.b.do(ctx, &call{script: claimScript, keys: []string{uh, uz, ph, pz},
-		args: []any{s.instance, s.ttlMS, lim, capa}, until: until,
-		kind: claimCall, pair: upstream + "\x00" + provider + "\x00" + lim + "\x00" + capa}).Int64()
+		args: []any{s.instance, s.ttlMS, limit, capacity}, until: until,
+		kind: claimCall, pair: string(pair)}).Int64()
 	if err != nil {
 		return UpstreamFull, err
 	}
