@@ -21,9 +21,11 @@ import (
 // go out together with the next one, maxBatch at most.
 //
 // The queue is FIFO and batches are sent one after the other, so calls
-// reach Redis in the order they were queued. The fleet relies on that: a
-// release is queued only after its claim's reply, and a renewal queued after
-// a release is applied after it.
+// reach Redis in the order they were queued, but for the claims and
+// releases pending together between two other calls, which are merged per
+// pair (see plan). The fleet relies on that: a release is queued only
+// after its claim's reply, and a renewal queued after a release is applied
+// after it.
 
 // maxBatch bounds one pipeline, so that one batch's replies never hold the
 // calls behind them for long.
