@@ -128,6 +128,12 @@ func TestFleetKeyRedisDownFollowsOnStateError(t *testing.T) {
 	rejectConf := fleetKeyConfig(up, rs.addr, obj("spend_per_day", 10.0))
 	rejectConf["state"].(map[string]any)["on_state_error"] = "reject"
 	rejectConf["state"].(map[string]any)["prefix"] = "r:"
+	// On Redis first: a fleet that never reached it would show unhealthy
+	// before any call failed.
+	eventually(t, 15*time.Second, "state healthy", func() bool {
+		_, body := local.status()
+		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
+	})
 	rs.stop()
 	eventually(t, 15*time.Second, "state unhealthy", func() bool {
 		_, body := local.status()
