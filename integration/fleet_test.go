@@ -375,91 +375,65 @@ func TestFleetRequestPathFailureRechecksSoon(t *testing.T) {
 	t.Logf("back on Redis %v after it woke", time.Since(awake).Round(time.Millisecond))
 }
 
+// A cooling seen by one instance keeps the other off the upstream: a
+// backoff scope's failure (500, backoff 30s), and the Retry-After hold of an
+// upstream without a backoff scope (429 Retry-After: 30), for as long as it
+// asked.
 func TestFleetCoolingSeenByTheOtherInstance(t *testing.T) {
-	rs := startRedis(t)
-	bad := newUpstream(t, status(http.StatusInternalServerError))
-	good := newUpstream(t, completion("good"))
-	conf := func() map[string]any {
-		return cfg(
-			[]map[string]any{obj("id", "pb", "url", bad.base(), "backoff", "30s", "probe_interval", "0s"), obj("id", "pg", "url", good.base())},
-			[]map[string]any{obj("id", "ub", "provider", "pb", "model", "x"), obj("id", "ug", "provider", "pg", "model", "x")},
-			[]map[string]any{obj("name", "m", "upstreams", []string{"ub", "ug"})},
-			"state", obj("backend", "redis", "address", rs.addr, "prefix", "c:"),
-		)
-	}
-	a := startInstance(t, conf())
-	b := startInstance(t, conf())
-	waitHealthy(t, a, true)
-	waitHealthy(t, b, true)
-
-	resp := a.chat(chatBody("m", false))
-	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
-		t.Fatalf("instance a: %d %s", resp.StatusCode, body)
-	}
-	if n := len(bad.Calls()); n != 1 {
-		t.Fatalf("the failing upstream got %d calls, want 1", n)
-	}
-	eventually(t, 5*time.Second, "instance b sees ub cooling", func() bool {
-		st, _ := b.status()
-		for _, u := range st.Upstreams {
-			if u.ID == "ub" {
-				return u.CoolingSeconds > 0
+	for _, tc := range []struct {
+		name     string
+		bad      http.HandlerFunc
+		provider map[string]any
+		minCool  float64 // seconds of cooling instance b must show
+	}{
+		{"backoff scope", status(http.StatusInternalServerError), obj("backoff", "30s"), 0},
+		{"Retry-After hold without backoff", status(http.StatusTooManyRequests, "Retry-After", "30"), obj(), 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := startRedis(t)
+			bad := newUpstream(t, tc.bad)
+			good := newUpstream(t, completion("good"))
+			pb := obj("id", "pb", "url", bad.base(), "probe_interval", "0s")
+			for k, v := range tc.provider {
+				pb[k] = v
 			}
-		}
-		return false
-	})
-	resp = b.chat(chatBody("m", false))
-	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
-		t.Fatalf("instance b: %d %s", resp.StatusCode, body)
-	}
-	if n := len(bad.Calls()); n != 1 {
-		t.Errorf("instance b tried the upstream that cools on instance a: %d calls, want 1", n)
-	}
-}
+			conf := cfg(
+				[]map[string]any{pb, obj("id", "pg", "url", good.base())},
+				[]map[string]any{obj("id", "ub", "provider", "pb", "model", "x"), obj("id", "ug", "provider", "pg", "model", "x")},
+				[]map[string]any{obj("name", "m", "upstreams", []string{"ub", "ug"})},
+				"state", obj("backend", "redis", "address", rs.addr, "prefix", "c:"),
+			)
+			a := startInstance(t, conf)
+			b := startInstance(t, conf)
+			waitHealthy(t, a, true)
+			waitHealthy(t, b, true)
 
-// An upstream without a backoff scope that answers 429 Retry-After on one
-// instance is held on the other too, for as long as it asked.
-func TestFleetRetryAfterHoldSeenByTheOtherInstance(t *testing.T) {
-	rs := startRedis(t)
-	busy := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "30"))
-	good := newUpstream(t, completion("good"))
-	conf := func() map[string]any {
-		return cfg(
-			[]map[string]any{obj("id", "pb", "url", busy.base(), "probe_interval", "0s"), obj("id", "pg", "url", good.base())},
-			[]map[string]any{obj("id", "ub", "provider", "pb", "model", "x"), obj("id", "ug", "provider", "pg", "model", "x")},
-			[]map[string]any{obj("name", "m", "upstreams", []string{"ub", "ug"})},
-			"state", obj("backend", "redis", "address", rs.addr, "prefix", "h:"),
-		)
-	}
-	a := startInstance(t, conf())
-	b := startInstance(t, conf())
-	waitHealthy(t, a, true)
-	waitHealthy(t, b, true)
-
-	resp := a.chat(chatBody("m", false))
-	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
-		t.Fatalf("instance a: %d %s", resp.StatusCode, body)
-	}
-	if n := len(busy.Calls()); n != 1 {
-		t.Fatalf("the busy upstream got %d calls, want 1", n)
-	}
-	eventually(t, 5*time.Second, "instance b holds ub for its Retry-After", func() bool {
-		st, _ := b.status()
-		for _, u := range st.Upstreams {
-			if u.ID == "ub" {
-				return u.CoolingSeconds > 20
+			resp := a.chat(chatBody("m", false))
+			if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
+				t.Fatalf("instance a: %d %s", resp.StatusCode, body)
 			}
-		}
-		return false
-	})
-	for range 3 {
-		resp = b.chat(chatBody("m", false))
-		if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
-			t.Fatalf("instance b: %d %s", resp.StatusCode, body)
-		}
-	}
-	if n := len(busy.Calls()); n != 1 {
-		t.Errorf("instance b called the upstream that asked instance a to wait 30 s: %d calls, want 1", n)
+			if n := len(bad.Calls()); n != 1 {
+				t.Fatalf("the failing upstream got %d calls, want 1", n)
+			}
+			eventually(t, 5*time.Second, "instance b sees ub cooling", func() bool {
+				st, _ := b.status()
+				for _, u := range st.Upstreams {
+					if u.ID == "ub" {
+						return u.CoolingSeconds > tc.minCool
+					}
+				}
+				return false
+			})
+			for range 3 {
+				resp = b.chat(chatBody("m", false))
+				if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "good") {
+					t.Fatalf("instance b: %d %s", resp.StatusCode, body)
+				}
+			}
+			if n := len(bad.Calls()); n != 1 {
+				t.Errorf("instance b tried the upstream that cools on instance a: %d calls, want 1", n)
+			}
+		})
 	}
 }
 
