@@ -107,17 +107,7 @@ func (h *Handler) provisionKeys() error {
 	h.keys = make(map[[sha256.Size]byte]*clientKey, len(h.Keys))
 	ids := make(map[string]bool, len(h.Keys))
 	for i, kc := range h.Keys {
-		where := fmt.Sprintf("keys[%d]", i)
-		if kc.ID != "" {
-			where = fmt.Sprintf("key %q", kc.ID)
-		}
-		switch {
-		case kc.ID == "":
-			bad("%s: id is required", where)
-		case ids[kc.ID]:
-			bad("%s: duplicate id", where)
-		}
-		ids[kc.ID] = true
+		where := namedEntry(bad, ids, "key", i, "id", kc.ID)
 		k := &clientKey{id: kc.ID, idAny: kc.ID, all: kc.Models == nil,
 			rate: keys.Rate{PerMinute: kc.RPM, Burst: kc.Burst},
 			budget: keys.Budget{TokensPerDay: kc.TokensPerDay,

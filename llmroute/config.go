@@ -378,17 +378,7 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 
 	providerIDs := make(map[string]bool, len(providers))
 	for i, p := range providers {
-		where := fmt.Sprintf("providers[%d]", i)
-		if p.ID != "" {
-			where = fmt.Sprintf("provider %q", p.ID)
-		}
-		switch {
-		case p.ID == "":
-			bad("%s: id is required", where)
-		case providerIDs[p.ID]:
-			bad("%s: duplicate id", where)
-		}
-		providerIDs[p.ID] = true
+		where := namedEntry(bad, providerIDs, "provider", i, "id", p.ID)
 		if err := checkBaseURL(p.URL); err != nil {
 			bad("%s: url: %v", where, err)
 		}
@@ -422,17 +412,7 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 
 	upstreamIDs := make(map[string]bool, len(upstreams))
 	for i, u := range upstreams {
-		where := fmt.Sprintf("upstreams[%d]", i)
-		if u.ID != "" {
-			where = fmt.Sprintf("upstream %q", u.ID)
-		}
-		switch {
-		case u.ID == "":
-			bad("%s: id is required", where)
-		case upstreamIDs[u.ID]:
-			bad("%s: duplicate id", where)
-		}
-		upstreamIDs[u.ID] = true
+		where := namedEntry(bad, upstreamIDs, "upstream", i, "id", u.ID)
 		switch {
 		case u.Provider == "":
 			bad("%s: provider is required", where)
@@ -461,17 +441,7 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 
 	modelNames := make(map[string]bool, len(models))
 	for i, m := range models {
-		where := fmt.Sprintf("models[%d]", i)
-		if m.Name != "" {
-			where = fmt.Sprintf("model %q", m.Name)
-		}
-		switch {
-		case m.Name == "":
-			bad("%s: name is required", where)
-		case modelNames[m.Name]:
-			bad("%s: duplicate name", where)
-		}
-		modelNames[m.Name] = true
+		where := namedEntry(bad, modelNames, "model", i, "name", m.Name)
 		if len(m.Upstreams) == 0 {
 			bad("%s: needs at least one upstream", where)
 		}
@@ -597,4 +567,23 @@ func redactURL(raw string) string {
 		u.User = url.User("redacted")
 	}
 	return u.String()
+}
+
+// namedEntry names the i-th entry of a config list in its errors (`provider
+// "x"`, or `providers[2]` while it has no name), reports a missing or
+// repeated name (field: "id" or "name") through bad, and records the name in
+// seen.
+func namedEntry(bad func(string, ...any), seen map[string]bool, kind string, i int, field, name string) string {
+	where := fmt.Sprintf("%ss[%d]", kind, i)
+	if name != "" {
+		where = fmt.Sprintf("%s %q", kind, name)
+	}
+	switch {
+	case name == "":
+		bad("%s: %s is required", where, field)
+	case seen[name]:
+		bad("%s: duplicate %s", where, field)
+	}
+	seen[name] = true
+	return where
 }
