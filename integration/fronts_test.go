@@ -88,7 +88,7 @@ func withModel(cfg map[string]any, spec ...string) map[string]any {
 }
 
 func anthropicClient(p *proxy) anthropic.Client {
-	return anthropic.NewClient(aoption.WithBaseURL(p.URL), aoption.WithAPIKey("client-key"), aoption.WithMaxRetries(0))
+	return anthropic.NewClient(aoption.WithBaseURL(p.URL), aoption.WithAPIKey("client-key"), aoption.WithMaxRetries(0), aoption.WithHTTPClient(testClient))
 }
 
 func userText(s string) anthropic.MessageParam {
@@ -320,7 +320,7 @@ func TestMessagesSessionHeader(t *testing.T) {
 func TestResponsesFrontBasic(t *testing.T) {
 	up := newUpstream(t, completion("hello world"))
 	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
-	c := openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0))
+	c := openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0), ooption.WithHTTPClient(testClient))
 	params := responses.ResponseNewParams{Model: "m", Instructions: openai.String("be brief"),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
 	r, err := c.Responses.New(context.Background(), params)
@@ -368,7 +368,7 @@ func TestEmbeddingsCompletionsPassThrough(t *testing.T) {
 		io.WriteString(w, cmpl)
 	})
 	p := startProxy(t, withModel(frontsConfig([]*fakeUpstream{chatUp, native}, []bool{false, true}), "m", "u1", "u2", "t", "u1"))
-	c := openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0))
+	c := openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0), ooption.WithHTTPClient(testClient))
 	e, err := c.Embeddings.New(context.Background(), openai.EmbeddingNewParams{Model: "m", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("hi")}})
 	if err != nil || len(e.Data) != 1 || e.Data[0].Embedding[1] != 0.25 {
 		t.Fatalf("embeddings %+v %v", e, err)

@@ -234,10 +234,10 @@ func TestKeysSDKs(t *testing.T) {
 	up := newUpstream(t, anyAPI)
 	p := startProxy(t, keysConfig(t, up))
 	oc := func(key string) openai.Client {
-		return openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey(key), ooption.WithMaxRetries(0))
+		return openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey(key), ooption.WithMaxRetries(0), ooption.WithHTTPClient(testClient))
 	}
 	ac := func(key string) anthropic.Client {
-		return anthropic.NewClient(aoption.WithBaseURL(p.URL), aoption.WithAPIKey(key), aoption.WithMaxRetries(0))
+		return anthropic.NewClient(aoption.WithBaseURL(p.URL), aoption.WithAPIKey(key), aoption.WithMaxRetries(0), aoption.WithHTTPClient(testClient))
 	}
 	chat := func(c openai.Client, model string) error {
 		_, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: model,

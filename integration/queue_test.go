@@ -68,7 +68,7 @@ func (p *proxy) send(ctx context.Context, body string) <-chan int {
 	go func() {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := testClient.Do(req)
 		if err != nil {
 			ch <- -1
 			return

@@ -26,7 +26,7 @@ func chatToolCall(name, args string) http.HandlerFunc {
 }
 
 func responsesClient(p *proxy) openai.Client {
-	return openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0))
+	return openai.NewClient(ooption.WithBaseURL(p.URL+"/v1"), ooption.WithAPIKey("client-key"), ooption.WithMaxRetries(0), ooption.WithHTTPClient(testClient))
 }
 
 // TestResponsesCustomToolRoundTrip: a `custom` apply_patch tool reaches a

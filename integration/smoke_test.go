@@ -28,7 +28,7 @@ func TestSmokeChatAndModels(t *testing.T) {
 	if calls[0].Path != "/v1/chat/completions" {
 		t.Errorf("path = %s", calls[0].Path)
 	}
-	mresp, err := http.Get(p.URL + "/v1/models")
+	mresp, err := testClient.Get(p.URL + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
