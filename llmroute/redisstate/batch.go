@@ -3,6 +3,7 @@ package redisstate
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,8 +84,7 @@ func failedCmd(err error) *redis.Cmd {
 }
 
 type batcher struct {
-	c       *redis.Client
-	timeout time.Duration
+	c *redis.Client
 
 	mu      sync.Mutex
 	pending []*call
@@ -100,8 +100,8 @@ type batcher struct {
 	done chan struct{}
 }
 
-func newBatcher(c *redis.Client, timeout time.Duration) *batcher {
-	b := &batcher{c: c, timeout: timeout, loaded: map[*redis.Script]bool{}, kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+func newBatcher(c *redis.Client) *batcher {
+	b := &batcher{c: c, loaded: map[*redis.Script]bool{}, kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	go b.run()
 	return b
 }
@@ -124,7 +124,9 @@ func (b *batcher) queue(c *call) {
 }
 
 // do queues a call and waits for its reply, at most until ctx ends (the
-// reply then comes to nobody: the channel has room for it).
+// reply then comes to nobody: the channel has room for it) or the call's
+// deadline passes: it is not sent after it, and its batch is bounded by
+// it (send).
 func (b *batcher) do(ctx context.Context, c *call) *redis.Cmd {
 	c.reply = make(chan *redis.Cmd, 1)
 	b.queue(c)
@@ -137,7 +139,7 @@ func (b *batcher) do(ctx context.Context, c *call) *redis.Cmd {
 }
 
 // close stops queueing, sends what is pending (one last round of batches,
-// each bounded by the timeout, so a release queued just before a shutdown
+// each bounded by its calls' deadlines, so a release queued just before a shutdown
 // still reaches Redis when it answers) and returns once the batcher is gone.
 func (b *batcher) close() {
 	b.mu.Lock()
@@ -166,6 +168,11 @@ func (b *batcher) run() {
 // flush sends batches until nothing is pending.
 func (b *batcher) flush() {
 	for {
+		// Let the goroutines that can run now run first: under load they
+		// are the requests about to queue their claims and releases, which
+		// then go out in this batch instead of the next round trip. When
+		// nothing else can run, this returns at once (no timer, no wait).
+		runtime.Gosched()
 		b.mu.Lock()
 		n := min(len(b.pending), maxBatch)
 		batch := make([]*call, n)
@@ -196,7 +203,18 @@ func (b *batcher) send(batch []*call) {
 		return
 	}
 	ops := plan(live)
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	// The batch is bounded by its earliest deadline, so that no caller
+	// waits past its own: a call queued while this batch is in flight has
+	// a later deadline than every call in it (one timeout for all), and
+	// its own batch is bounded by its deadline again. The callers thus
+	// need no timer of their own.
+	deadline := live[0].until
+	for _, c := range live[1:] {
+		if c.until.Before(deadline) {
+			deadline = c.until
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	b.sent.Add(1)
 	b.scripts.Add(int64(len(ops)))

@@ -460,3 +460,44 @@ func TestPipelinedBatchAfterScriptFlush(t *testing.T) {
 		t.Fatalf("used = %v %v %v; want u 4, v 4, p 8", ups, provs, err)
 	}
 }
+
+// TestCallsBoundedByTheirOwnDeadline: callers have no timer of their own,
+// so the bound is the batcher's. On a Redis that does not answer, a claim
+// queued while an earlier batch is in flight must still fail within its
+// own timeout, not after the earlier batch's timeout and then its own.
+func TestCallsBoundedByTheirOwnDeadline(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	const timeout = 300 * time.Millisecond
+	s := Open(Options{Address: addr, Prefix: "x:", Timeout: timeout, LeaseTTL: time.Minute}, "a")
+	defer s.Close()
+	if _, err := s.Claim(ctx, "u", "p", -1, -1); err != nil { // connected, script loaded
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	if err := c.Do(ctx, "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Do(ctx, "CLIENT", "UNPAUSE")
+	type outcome struct {
+		d   time.Duration
+		err error
+	}
+	first, second := make(chan outcome, 1), make(chan outcome, 1)
+	claim := func(out chan<- outcome) {
+		start := time.Now()
+		_, err := s.Claim(ctx, "u", "p", -1, -1)
+		out <- outcome{time.Since(start), err}
+	}
+	go claim(first)
+	time.Sleep(30 * time.Millisecond) // the first claim's batch is in flight
+	go claim(second)
+	// Chained, the second would take about 2×timeout − 30ms (570ms).
+	for name, ch := range map[string]chan outcome{"first": first, "second": second} {
+		o := <-ch
+		if o.err == nil || o.d > timeout+150*time.Millisecond {
+			t.Errorf("%s claim on a paused Redis: %v after %v; want an error within the %v timeout", name, o.err, o.d, timeout)
+		}
+	}
+}

@@ -83,8 +83,6 @@ func (s *Store) KeyAllow(ctx context.Context, id string, r keys.Rate) (bool, tim
 	if r.PerMinute <= 0 {
 		return true, 0, nil
 	}
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	interval := int64(time.Minute/time.Microsecond) / r.PerMinute
 	vals, err := s.run(ctx, keyAllowScript, []string{s.keyRate(id)}, interval, max(r.Burst, 1)).Int64Slice()
 	if err != nil {
@@ -102,8 +100,6 @@ func (s *Store) KeyReserve(ctx context.Context, id string, now time.Time, b keys
 	if b.Empty() {
 		return keys.Hold{}, keys.LimitNone, nil
 	}
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	a = keys.Amount{Tokens: max(a.Tokens, 0), Spend: max(a.Spend, 0)} // the lease's format has no sign
 	day, month := keys.Day(now), keys.Month(now)
 	accounts := s.keyAccounts(id, day, month)
@@ -137,8 +133,6 @@ func (s *Store) KeySettle(ctx context.Context, h keys.Hold, actual keys.Amount, 
 	s.leases.mu.Lock()
 	delete(s.leases.held, h.Lease) // settled or not, it is renewed no more
 	s.leases.mu.Unlock()
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	day, month := keys.Day(now), keys.Month(now)
 	flag := func(b bool) string {
 		if b {
@@ -165,8 +159,6 @@ func (s *Store) RenewKeyLeases(ctx context.Context) error {
 	if len(sets) == 0 {
 		return nil
 	}
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	return s.run(ctx, keyRenewScript, sets, args...).Err()
 }
 
@@ -179,8 +171,6 @@ func (s *Store) KeyLeases() int {
 
 // KeyUsage reads key id's accounting in the periods of now.
 func (s *Store) KeyUsage(ctx context.Context, id string, now time.Time) (keys.Usage, error) {
-	ctx, cancel := s.call(ctx)
-	defer cancel()
 	day, month := keys.Day(now), keys.Month(now)
 	vals, err := s.run(ctx, keyUsageScript, s.keyAccounts(id, day, month), day, month).Int64Slice()
 	if err != nil {

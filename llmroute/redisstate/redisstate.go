@@ -19,6 +19,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -79,7 +81,9 @@ type Store struct {
 	timeout  time.Duration
 	ttlMS    string
 	b        *batcher // every script call goes through it (batch.go)
-	leases   leases   // client-key reservations held (keys.go)
+	pairsMu  sync.RWMutex
+	pairs    map[pairID]*pair // see pairOf
+	leases   leases           // client-key reservations held (keys.go)
 }
 
 // Open returns a store; it does not connect until the first call, so a
@@ -120,7 +124,8 @@ func Open(o Options, instance string) *Store {
 		instance: instance,
 		timeout:  o.Timeout,
 		ttlMS:    strconv.FormatInt(o.LeaseTTL.Milliseconds(), 10),
-		b:        newBatcher(c, o.Timeout),
+		b:        newBatcher(c),
+		pairs:    map[pairID]*pair{},
 	}
 }
 
@@ -145,17 +150,72 @@ func (s *Store) provKeys(id string) (string, string) {
 	return k, k + ":leases"
 }
 
-func (s *Store) call(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(parent, s.timeout)
-}
+// deadline is a call's, queued now.
+func (s *Store) deadline() time.Time { return time.Now().Add(s.timeout) }
 
 // run queues a script call on the batcher and waits for its reply, at most
-// the timeout.
+// the timeout (batcher.do) or until ctx ends.
 func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	ctx, cancel := s.call(ctx)
-	defer cancel()
-	until, _ := ctx.Deadline()
-	return s.b.do(ctx, &call{script: script, keys: keys, args: args, until: until})
+	return s.b.do(ctx, &call{script: script, keys: keys, args: args, until: s.deadline()})
+}
+
+// pair holds what the claims and releases of one upstream at one provider
+// send, built once: a claim and a release are on every request's path,
+// and their keys, the merge key and the boxed arguments were most of the
+// allocations of a claim. Everything in it is only read once built.
+type pair struct {
+	claimKeys, releaseKeys []string
+	releaseArgs            []any
+	id                     string // the batcher's merge key of a release
+	limits                 atomic.Pointer[claimLimits]
+}
+
+type pairID struct{ upstream, provider string }
+
+// claimLimits are a claim's arguments for one pair of limits (an
+// upstream's limits change only with a reload: one value in practice).
+type claimLimits struct {
+	limit, capacity int64
+	args            []any
+	id              string // the batcher's merge key of a claim
+}
+
+// maxPairs bounds the pairs kept; reloads that rename upstreams add new
+// ones, and the map starts over when full.
+const maxPairs = 4096
+
+// pairOf returns the pair of upstream at provider.
+func (s *Store) pairOf(upstream, provider string) *pair {
+	k := pairID{upstream, provider}
+	s.pairsMu.RLock()
+	p := s.pairs[k]
+	s.pairsMu.RUnlock()
+	if p != nil {
+		return p
+	}
+	uh, uz := s.upKeys(upstream)
+	ph, pz := s.provKeys(provider)
+	p = &pair{claimKeys: []string{uh, uz, ph, pz}, releaseKeys: []string{uh, ph},
+		releaseArgs: []any{s.instance, s.WakeChannel()}, id: upstream + "\x00" + provider}
+	s.pairsMu.Lock()
+	if len(s.pairs) >= maxPairs {
+		clear(s.pairs)
+	}
+	s.pairs[k] = p
+	s.pairsMu.Unlock()
+	return p
+}
+
+// claimArgs returns the claim arguments of p for these limits.
+func (s *Store) claimArgs(p *pair, limit, capacity int64) *claimLimits {
+	if l := p.limits.Load(); l != nil && l.limit == limit && l.capacity == capacity {
+		return l
+	}
+	// Claims merge when their keys and limits are the same.
+	l := &claimLimits{limit: limit, capacity: capacity, args: []any{s.instance, s.ttlMS, limit, capacity},
+		id: p.id + "\x00" + strconv.FormatInt(limit, 10) + "\x00" + strconv.FormatInt(capacity, 10)}
+	p.limits.Store(l)
+	return l
 }
 
 // Verdict is the outcome of a claim.
@@ -170,19 +230,10 @@ const (
 // Claim takes one slot of upstream (limit < 0: none) and one unit of its
 // provider's capacity (capacity < 0: none) fleet-wide, both or neither.
 func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, capacity int64) (Verdict, error) {
-	uh, uz := s.upKeys(upstream)
-	ph, pz := s.provKeys(provider)
-	ctx, cancel := s.call(ctx)
-	defer cancel()
-	until, _ := ctx.Deadline()
-	// Claims merge when their keys and limits are the same (pair).
-	var buf [128]byte
-	pair := append(append(append(buf[:0], upstream...), 0), provider...)
-	pair = strconv.AppendInt(append(pair, 0), limit, 10)
-	pair = strconv.AppendInt(append(pair, 0), capacity, 10)
-	n, err := s.b.do(ctx, &call{script: claimScript, keys: []string{uh, uz, ph, pz},
-		args: []any{s.instance, s.ttlMS, limit, capacity}, until: until,
-		kind: claimCall, pair: string(pair)}).Int64()
+	p := s.pairOf(upstream, provider)
+	l := s.claimArgs(p, limit, capacity)
+	n, err := s.b.do(ctx, &call{script: claimScript, keys: p.claimKeys, args: l.args, until: s.deadline(),
+		kind: claimCall, pair: l.id}).Int64()
 	if err != nil {
 		return UpstreamFull, err
 	}
@@ -191,26 +242,22 @@ func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, cap
 
 // Release gives back what Claim took and wakes every instance's queue.
 func (s *Store) Release(ctx context.Context, upstream, provider string) error {
-	ctx, cancel := s.call(ctx)
-	defer cancel()
-	until, _ := ctx.Deadline()
-	return s.b.do(ctx, s.releaseCall(upstream, provider, until)).Err()
+	return s.b.do(ctx, s.releaseCall(upstream, provider)).Err()
 }
 
 // ReleaseLater is Release without waiting: the release is queued (behind
 // every call queued before it) and sent within the timeout; onErr, called
 // from the batcher, gets its failure (it must not block).
 func (s *Store) ReleaseLater(upstream, provider string, onErr func(error)) {
-	c := s.releaseCall(upstream, provider, time.Now().Add(s.timeout))
+	c := s.releaseCall(upstream, provider)
 	c.onErr = onErr
 	s.b.queue(c)
 }
 
-func (s *Store) releaseCall(upstream, provider string, until time.Time) *call {
-	uh, _ := s.upKeys(upstream)
-	ph, _ := s.provKeys(provider)
-	return &call{script: releaseScript, keys: []string{uh, ph}, args: []any{s.instance, s.WakeChannel()},
-		kind: releaseCall, pair: upstream + "\x00" + provider, until: until}
+func (s *Store) releaseCall(upstream, provider string) *call {
+	p := s.pairOf(upstream, provider)
+	return &call{script: releaseScript, keys: p.releaseKeys, args: p.releaseArgs,
+		kind: releaseCall, pair: p.id, until: s.deadline()}
 }
 
 // Renew sets this instance's counts to what it holds and renews its leases.
@@ -258,7 +305,7 @@ func (s *Store) QueueRenew(upstreams, providers map[string]int64) Queued {
 		keys = append(keys, h, z)
 		args = append(args, n)
 	}
-	c := &call{script: renewScript, keys: keys, args: args, until: time.Now().Add(s.timeout),
+	c := &call{script: renewScript, keys: keys, args: args, until: s.deadline(),
 		reply: make(chan *redis.Cmd, 1)}
 	s.b.queue(c)
 	return Queued{c}
@@ -350,7 +397,7 @@ func (s *Store) Backoffs(ctx context.Context, scopes []string) ([]Cooling, error
 
 // Ping checks that Redis answers.
 func (s *Store) Ping(ctx context.Context) error {
-	ctx, cancel := s.call(ctx)
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	return s.c.Ping(ctx).Err()
 }
