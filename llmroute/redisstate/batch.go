@@ -17,9 +17,11 @@ import (
 // per request. So every script call of a store goes through one batcher:
 // callers queue their call and one goroutine sends everything queued as one
 // pipeline (each EVALSHA still atomic on its own on the server), then hands
-// each caller its own reply. Nothing waits to fill a batch: a call queued on
-// an idle batcher is sent at once; calls queued while a batch is in flight
-// go out together with the next one, maxBatch at most.
+// each caller its own reply. No timer waits to fill a batch: a call queued
+// on an idle batcher is sent at once; calls queued while a batch is in
+// flight, or by the goroutines that ran while the batcher yielded before
+// taking its batch (flush), go out together with the next one, maxBatch at
+// most.
 //
 // The queue is FIFO and batches are sent one after the other, so calls
 // reach Redis in the order they were queued, but for the claims and
