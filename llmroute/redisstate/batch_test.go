@@ -474,12 +474,7 @@ func TestCallsBoundedByTheirOwnDeadline(t *testing.T) {
 	if _, err := s.Claim(ctx, "u", "p", -1, -1); err != nil { // connected, script loaded
 		t.Fatal(err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
-	defer c.Close()
-	if err := c.Do(ctx, "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Do(ctx, "CLIENT", "UNPAUSE")
+	pauseRedis(t, addr, 1500*time.Millisecond)
 	type outcome struct {
 		d   time.Duration
 		err error

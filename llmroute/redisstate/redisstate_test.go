@@ -47,6 +47,21 @@ func startRedis(t testing.TB) string {
 	return addr
 }
 
+// pauseRedis makes redis-server answer no client for d (CLIENT PAUSE ALL);
+// the end of the test lifts the pause.
+func pauseRedis(t *testing.T, addr string, d time.Duration) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	if err := c.Do(context.Background(), "CLIENT", "PAUSE", strconv.FormatInt(d.Milliseconds(), 10), "ALL").Err(); err != nil {
+		_ = c.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Do(context.Background(), "CLIENT", "UNPAUSE")
+		_ = c.Close()
+	})
+}
+
 func open(addr, instance string, ttl time.Duration) *Store {
 	return Open(Options{Address: addr, Prefix: "x:", Timeout: time.Second, LeaseTTL: ttl}, instance)
 }

@@ -197,12 +197,7 @@ func TestSessionBoundedByTimeout(t *testing.T) {
 	if _, err := s.Session(ctx, keys, "warm", time.Hour); err != nil { // connected, script loaded
 		t.Fatal(err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
-	defer c.Close()
-	if err := c.Do(ctx, "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Do(ctx, "CLIENT", "UNPAUSE")
+	pauseRedis(t, addr, 1500*time.Millisecond)
 	start := time.Now()
 	_, err := s.Session(ctx, keys, "cand", time.Hour)
 	if d := time.Since(start); err == nil || d > time.Second {
