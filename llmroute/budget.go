@@ -100,14 +100,13 @@ func (h *Handler) admitKey(w http.ResponseWriter, r *http.Request, f front, k *c
 			cheapest = c
 		}
 	}
-	// A trial reservation, released at once: it refuses before the request
-	// takes a slot or waits in a queue it could only leave with a 429.
-	hold, limit := h.keyStore.Reserve(k.id, now, k.budget, cheapest)
-	if limit != keys.LimitNone {
+	// Checked, not reserved: it refuses before the request takes a slot or
+	// waits in a queue it could only leave with a 429, and holds nothing
+	// that a concurrent request's reservation could be refused for.
+	if limit := h.keyStore.Room(k.id, now, k.budget, cheapest); limit != keys.LimitNone {
 		h.refuseKey(w, r, f, k, rt.name, errOverBudget(limit, keys.UntilReset(limit, now)))
 		return nil
 	}
-	h.keyStore.Settle(hold, keys.Amount{}, now)
 	if fk, ok := h.keyStore.(*fleetKeys); ok {
 		kr.end = fk.begin()
 	}

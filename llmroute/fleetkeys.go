@@ -83,6 +83,25 @@ func (s *fleetKeys) Reserve(id string, now time.Time, b keys.Budget, a keys.Amou
 	return s.local.Reserve(id, now, b, a)
 }
 
+// Room implements keys.Store, with Reserve's fallback.
+func (s *fleetKeys) Room(id string, now time.Time, b keys.Budget, a keys.Amount) keys.Limit {
+	if b.Empty() {
+		return keys.LimitNone
+	}
+	if s.f.healthy.Load() && s.f.use() {
+		limit, err := s.f.store.KeyRoom(context.Background(), id, now, b, a)
+		s.f.done()
+		if err == nil {
+			return limit
+		}
+		s.f.failed(err)
+	}
+	if s.f.reject {
+		return keys.LimitUnavailable
+	}
+	return s.local.Room(id, now, b, a)
+}
+
 // Settle implements keys.Store. A shared hold is settled in Redis even
 // while it is thought unreachable (one bounded call, and only for the
 // requests that were running when it went away): settling it locally

@@ -51,7 +51,7 @@ func newKeysBenchHandler(tb testing.TB, upstream string, n int) *Handler {
 }
 
 // BenchmarkServeHTTPKeys is BenchmarkServeHTTP with 1 000 keys configured:
-// authentication, the rate check, the budget's trial reservation, the
+// authentication, the rate check, the budget's check (Room), the
 // attempt's reservation and its settlement on top of the request path.
 func BenchmarkServeHTTPKeys(b *testing.B) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -85,8 +85,8 @@ func BenchmarkServeHTTPKeys(b *testing.B) {
 
 // BenchmarkKeyChecks is the keys' own share of the hot path, without the
 // upstream: authenticate (SHA-256 and lookup among 1 000 keys), the model
-// check, GCRA, the trial reservation, then the attempt's reservation and
-// its settlement.
+// check, GCRA, the budget's check (Room), then the attempt's reservation
+// and its settlement.
 func BenchmarkKeyChecks(b *testing.B) {
 	h := newKeysBenchHandler(b, "http://127.0.0.1:1", 1000)
 	rt := h.routes["m"]

@@ -125,6 +125,12 @@ type Store interface {
 	// more requests).
 	Reserve(id string, now time.Time, b Budget, a Amount) (Hold, Limit)
 
+	// Room is the check of Reserve without the reservation: the first
+	// limit of b that reserving a in the periods of now would cross, or
+	// LimitNone. It changes no count, so a check made before a request
+	// takes a slot never refuses a concurrent reservation.
+	Room(id string, now time.Time, b Budget, a Amount) Limit
+
 	// Settle ends a reservation: the hold leaves the reservations and
 	// actual is added to what the key used (in the hold's periods while
 	// they last, else in those of now). Settling with a zero actual is a

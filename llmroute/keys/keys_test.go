@@ -156,3 +156,43 @@ func BenchmarkAllowReserveSettle(b *testing.B) {
 		m.Settle(h, Amount{Tokens: 5, Spend: 5}, now)
 	}
 }
+
+// Room answers what Reserve would, and reserves nothing.
+func TestRoomChecksWithoutReserving(t *testing.T) {
+	m := NewMemory()
+	m.Acquire("k")
+	b := Budget{TokensPerDay: 100, SpendPerDay: 50}
+	now := time.Date(2026, 3, 31, 12, 0, 0, 0, time.UTC)
+	for range 3 { // each would fit alone: nothing is held between them
+		if l := m.Room("k", now, b, Amount{Tokens: 80}); l != LimitNone {
+			t.Fatalf("room for 80 of 100: %v", l)
+		}
+	}
+	if u := m.Usage("k", now); u.ReservedToken != 0 || u.ReservedSpend != 0 {
+		t.Fatalf("Room reserved: %+v", u)
+	}
+	if _, l := m.Reserve("k", now, b, Amount{Tokens: 80, Spend: 10}); l != LimitNone {
+		t.Fatal(l)
+	}
+	for _, tc := range []struct {
+		a    Amount
+		want Limit
+	}{
+		{Amount{Tokens: 30}, LimitTokensPerDay},
+		{Amount{Tokens: 20}, LimitNone},
+		{Amount{Spend: 41}, LimitSpendPerDay},
+		{Amount{Spend: 40}, LimitNone},
+	} {
+		if l := m.Room("k", now, b, tc.a); l != tc.want {
+			t.Errorf("room for %+v after 80 tokens and 10 spend reserved: %v, want %v", tc.a, l, tc.want)
+		}
+		if _, l := m.Reserve("k", now, b, tc.a); l != tc.want {
+			t.Fatalf("Reserve disagrees with Room for %+v: %v", tc.a, l)
+		} else if l == LimitNone {
+			m.Settle(Hold{ID: "k", Day: Day(now), Month: Month(now), Reserved: tc.a}, Amount{}, now)
+		}
+	}
+	if u := m.Usage("k", now); u.ReservedToken != 80 || u.ReservedSpend != 10 {
+		t.Fatalf("after the checks %+v, want the one reservation", u)
+	}
+}

@@ -106,18 +106,39 @@ func (m *Memory) Reserve(id string, now time.Time, b Budget, amt Amount) (Hold, 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(now)
-	switch {
-	case over(b.TokensPerDay, a.usedTokens+a.resTokens, amt.Tokens):
-		return Hold{}, LimitTokensPerDay
-	case over(b.SpendPerDay, a.usedDay+a.resDay, amt.Spend):
-		return Hold{}, LimitSpendPerDay
-	case over(b.SpendPerMonth, a.usedMonth+a.resMonth, amt.Spend):
-		return Hold{}, LimitSpendPerMonth
+	if l := a.crossed(b, amt); l != LimitNone {
+		return Hold{}, l
 	}
 	a.resTokens += amt.Tokens
 	a.resDay += amt.Spend
 	a.resMonth += amt.Spend
 	return Hold{ID: id, Day: a.day, Month: a.month, Reserved: amt}, LimitNone
+}
+
+// Room implements Store.
+func (m *Memory) Room(id string, now time.Time, b Budget, amt Amount) Limit {
+	a := m.lookup(id)
+	if a == nil || b.Empty() {
+		return LimitNone
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	return a.crossed(b, amt)
+}
+
+// crossed names the first limit of b that adding amt to the account's use
+// and reservations would cross (a.mu held, periods rolled).
+func (a *account) crossed(b Budget, amt Amount) Limit {
+	switch {
+	case over(b.TokensPerDay, a.usedTokens+a.resTokens, amt.Tokens):
+		return LimitTokensPerDay
+	case over(b.SpendPerDay, a.usedDay+a.resDay, amt.Spend):
+		return LimitSpendPerDay
+	case over(b.SpendPerMonth, a.usedMonth+a.resMonth, amt.Spend):
+		return LimitSpendPerMonth
+	}
+	return LimitNone
 }
 
 // over reports whether adding more to have crosses limit (0 = no limit). A

@@ -124,6 +124,22 @@ func (s *Store) KeyReserve(ctx context.Context, id string, now time.Time, b keys
 	return keys.Hold{ID: id, Day: day, Month: month, Reserved: a, Shared: true, Lease: member}, keys.LimitNone, nil
 }
 
+// KeyRoom is KeyReserve's check without the reservation (keys.Store.Room).
+func (s *Store) KeyRoom(ctx context.Context, id string, now time.Time, b keys.Budget, a keys.Amount) (keys.Limit, error) {
+	if b.Empty() {
+		return keys.LimitNone, nil
+	}
+	a = keys.Amount{Tokens: max(a.Tokens, 0), Spend: max(a.Spend, 0)} // as KeyReserve counts it
+	day, month := keys.Day(now), keys.Month(now)
+	n, err := s.run(ctx, keyReserveScript, s.keyAccounts(id, day, month),
+		b.TokensPerDay, b.SpendPerDay, b.SpendPerMonth, a.Tokens, a.Spend, dayTTL, monthTTL,
+		day, month, s.ttlMS, "").Int64()
+	if err != nil {
+		return keys.LimitNone, err
+	}
+	return keys.Limit(n), nil
+}
+
 // KeySettle ends the reservation h, adding actual to the key's use in the
 // periods of now (keys.Store.Settle).
 func (s *Store) KeySettle(ctx context.Context, h keys.Hold, actual keys.Amount, now time.Time) error {

@@ -217,3 +217,53 @@ func TestKeyReservationLeaseLapsesUnlessRenewed(t *testing.T) {
 		t.Fatalf("holds set ttl = %v, %v; want a bounded expiry", ttl, err)
 	}
 }
+
+// KeyRoom answers what KeyReserve would, across instances, and holds
+// nothing: checks running alongside a reservation of the whole budget
+// never make it fail.
+func TestKeyRoomChecksWithoutReserving(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	a, b := open(addr, "a", time.Minute), open(addr, "b", time.Minute)
+	defer a.Close()
+	defer b.Close()
+	now := time.Now()
+	budget := keys.Budget{TokensPerDay: 100}
+	whole := keys.Amount{Tokens: 100}
+
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if l, err := b.KeyRoom(ctx, "k", now, budget, whole); err != nil || (l != keys.LimitNone && l != keys.LimitTokensPerDay) {
+				t.Errorf("room: %v %v", l, err)
+			}
+		}()
+	}
+	h, l, err := a.KeyReserve(ctx, "k", now, budget, whole)
+	wg.Wait()
+	if err != nil || l != keys.LimitNone {
+		t.Fatalf("reserving the whole budget beside 50 checks: %v %v", l, err)
+	}
+	if l, err := b.KeyRoom(ctx, "k", now, budget, keys.Amount{Tokens: 1}); err != nil || l != keys.LimitTokensPerDay {
+		t.Fatalf("room for 1 more on the other instance: %v %v, want tokens_per_day", l, err)
+	}
+	if err := a.KeySettle(ctx, h, keys.Amount{Tokens: 30}, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tokens int64
+		want   keys.Limit
+	}{{70, keys.LimitNone}, {71, keys.LimitTokensPerDay}} {
+		if l, err := b.KeyRoom(ctx, "k", now, budget, keys.Amount{Tokens: tc.tokens}); err != nil || l != tc.want {
+			t.Errorf("room for %d after 30 used: %v %v, want %v", tc.tokens, l, err, tc.want)
+		}
+	}
+	if u, err := a.KeyUsage(ctx, "k", now); err != nil || u.TokensToday != 30 || u.ReservedToken != 0 {
+		t.Fatalf("usage after the checks %+v %v: want 30 used, nothing reserved", u, err)
+	}
+	if n := b.KeyLeases(); n != 0 {
+		t.Fatalf("the checking instance holds %d leases", n)
+	}
+}
