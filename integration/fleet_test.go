@@ -546,3 +546,68 @@ func TestFleetRejectWhileRedisIsDown(t *testing.T) {
 		t.Fatalf("after Redis came back: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestFleetSkippedNamesFleetFull: under state redis, a proxy 503 names a
+// limit that the fleet found full although this instance's own counts have
+// room (another instance holds the slot), with fleet_full after its local
+// counts.
+func TestFleetSkippedNamesFleetFull(t *testing.T) {
+	r := startRedis(t)
+	rc := r.client()
+	defer rc.Close()
+	for _, tc := range []struct {
+		name       string
+		limit, cap int
+		hash, want string
+	}{
+		{"upstream", 1, 0, "t:up:u1", "u1=busy 0/1 fleet_full"},
+		{"provider", 2, 1, "t:prov:p1", "u1=provider_capacity 0/1 fleet_full"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, completion("ok"))
+			ctx := context.Background()
+			if err := rc.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			prov := obj("id", "p1", "url", up.base())
+			if tc.cap > 0 {
+				prov["capacity"] = tc.cap
+			}
+			p := startProxy(t, cfg(
+				[]map[string]any{prov},
+				[]map[string]any{obj("id", "u1", "provider", "p1", "model", "real", "max_concurrency", tc.limit)},
+				[]map[string]any{obj("name", "m", "upstreams", []string{"u1"})},
+				"state", obj("backend", "redis", "address", r.addr, "prefix", "t:", "lease_ttl", "3s"),
+			))
+			// Another instance holds what is left, on a lease far ahead.
+			held := int64(tc.limit)
+			if tc.cap > 0 {
+				held = int64(tc.cap)
+			}
+			if err := rc.HSet(ctx, tc.hash, "other", held).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rc.ZAdd(ctx, tc.hash+":leases", redis.Z{Score: 9e12, Member: "other"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			waitHealthy(t, &instance{proxy: p}, true)
+			resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+			readAll(t, resp)
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("X-LLM-Route-Skipped") != tc.want {
+				t.Fatalf("status %d, X-LLM-Route-Skipped %q; want 503 and %q", resp.StatusCode, resp.Header.Get("X-LLM-Route-Skipped"), tc.want)
+			}
+			if n := len(up.Calls()); n != 0 {
+				t.Fatalf("the upstream was called %d times past the fleet's limit", n)
+			}
+			// The other instance lets go: this one is served.
+			if err := rc.Del(ctx, tc.hash, tc.hash+":leases").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`); resp.StatusCode != http.StatusOK {
+				t.Fatalf("after the release: %d %s", resp.StatusCode, readAll(t, resp))
+			} else {
+				readAll(t, resp)
+			}
+		})
+	}
+}

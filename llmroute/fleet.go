@@ -401,10 +401,25 @@ func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
 		return n, true, false
 	case v != redisstate.Claimed:
 		u.unclaimLocal()
+		full := fleetUpstreamFull
+		if v == redisstate.ProviderFull {
+			full = fleetProviderFull
+		}
+		u.state.fleetFull.Store(full)
 		return n - 1, false, true
+	}
+	if u.state.fleetFull.Load() != fleetFree { // a load, not a store, on the hot path
+		u.state.fleetFull.Store(fleetFree)
 	}
 	return n, true, false
 }
+
+// upstreamState.fleetFull values.
+const (
+	fleetFree int32 = iota
+	fleetUpstreamFull
+	fleetProviderFull
+)
 
 // release queues the slot's release in Redis without waiting for it, then
 // the caller releases locally (which wakes the queue). The request does not

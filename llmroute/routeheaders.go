@@ -105,6 +105,10 @@ func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 		b.WriteString(u.id)
 		b.WriteByte('=')
 		t, left := targetOf(rt, u), u.cooling(now)
+		fleet := fleetFree
+		if f := activeFleet.Load(); f != nil && f.healthy.Load() { // else local counts are the truth
+			fleet = u.state.fleetFull.Load()
+		}
 		switch f, failed := failureOf(failures, u.id); {
 		case t == nil:
 			b.WriteString("context_window ")
@@ -124,15 +128,25 @@ func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 			// The same order as claimFrom: long slot, then the normal one.
 			b.WriteString("long_context ")
 			writeSlots(&b, t.long.inflight.Load(), t.long.limit.Load())
-		case u.state.inflight.Load() < u.limit && u.providerFull():
+		case fleet == fleetProviderFull && u.prov != nil || u.state.inflight.Load() < u.limit && u.providerFull():
 			b.WriteString("provider_capacity ")
 			writeSlots(&b, u.prov.inflight.Load(), u.prov.capacity.Load())
+			writeFleetFull(&b, fleet == fleetProviderFull)
 		default:
 			b.WriteString("busy ")
 			writeSlots(&b, u.state.inflight.Load(), u.limit)
+			writeFleetFull(&b, fleet == fleetUpstreamFull)
 		}
 	}
 	return b.String()
+}
+
+// writeFleetFull marks a limit that the shared state found full across the
+// fleet, though this instance's own counts (the ones written) have room.
+func writeFleetFull(b *strings.Builder, full bool) {
+	if full {
+		b.WriteString(" fleet_full")
+	}
 }
 
 // writeSlots writes `inflight/limit`, or just inflight without a limit.

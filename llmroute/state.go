@@ -34,6 +34,12 @@ type upstreamState struct {
 	inflight atomic.Int64
 	limit    atomic.Int64 // unlimited when none is configured
 
+	// fleetFull is the shared state's answer to this instance's last claim
+	// that reached it (state redis): fleetFree, or which limit was full
+	// fleet-wide, for X-LLM-Route-Skipped (the local counts alone would
+	// show free slots).
+	fleetFull atomic.Int32
+
 	// failStreak counts consecutive failed attempts on this upstream (for the
 	// fail_streak gauge), whatever its backoff scope.
 	failStreak atomic.Int64
