@@ -128,21 +128,22 @@ func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 			// The same order as claimFrom: long slot, then the normal one.
 			b.WriteString("long_context ")
 			writeSlots(&b, t.long.inflight.Load(), t.long.limit.Load())
-		case fleet == fleetProviderFull && u.prov != nil || u.state.inflight.Load() < u.limit && u.providerFull():
+		case u.state.inflight.Load() < u.limit && (u.providerFull() || fleet == fleetProviderFull && u.prov != nil):
 			b.WriteString("provider_capacity ")
 			writeSlots(&b, u.prov.inflight.Load(), u.prov.capacity.Load())
-			writeFleetFull(&b, fleet == fleetProviderFull)
+			writeFleetFull(&b, fleet == fleetProviderFull && !u.providerFull())
 		default:
 			b.WriteString("busy ")
 			writeSlots(&b, u.state.inflight.Load(), u.limit)
-			writeFleetFull(&b, fleet == fleetUpstreamFull)
+			writeFleetFull(&b, fleet == fleetUpstreamFull && u.state.inflight.Load() < u.limit)
 		}
 	}
 	return b.String()
 }
 
 // writeFleetFull marks a limit that the shared state found full across the
-// fleet, though this instance's own counts (the ones written) have room.
+// fleet at the last claim that reached it, though this instance's own
+// counts (the ones written) have room.
 func writeFleetFull(b *strings.Builder, full bool) {
 	if full {
 		b.WriteString(" fleet_full")

@@ -39,7 +39,7 @@ var ErrClosed = errors.New("redis: state store closed")
 
 // errExpired is the answer of a call whose deadline passed before its batch
 // went out: it was not sent (its caller has given up on it already).
-var errExpired = errors.New("redis: call not sent within the timeout")
+var errExpired = errors.New("redis: call not sent: too little of its timeout left")
 
 // call is one queued script call.
 type call struct {
@@ -87,6 +87,9 @@ func failedCmd(err error) *redis.Cmd {
 
 type batcher struct {
 	c *redis.Client
+	// minLeft is the least time a call must have left to be sent: its
+	// deadline bounds its whole batch (send).
+	minLeft time.Duration
 
 	mu      sync.Mutex
 	pending []*call
@@ -102,8 +105,8 @@ type batcher struct {
 	done chan struct{}
 }
 
-func newBatcher(c *redis.Client) *batcher {
-	b := &batcher{c: c, loaded: map[*redis.Script]bool{}, kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+func newBatcher(c *redis.Client, minLeft time.Duration) *batcher {
+	b := &batcher{c: c, minLeft: minLeft, loaded: map[*redis.Script]bool{}, kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	go b.run()
 	return b
 }
@@ -195,7 +198,9 @@ func (b *batcher) send(batch []*call) {
 	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
-		if now.After(c.until) {
+		// One call about to expire would cut the whole batch short: it is
+		// not sent (nor would it have had time for an answer).
+		if c.until.Sub(now) < b.minLeft {
 			c.finish(failedCmd(errExpired))
 			continue
 		}
@@ -205,11 +210,12 @@ func (b *batcher) send(batch []*call) {
 		return
 	}
 	ops := plan(live)
-	// The batch is bounded by its earliest deadline, so that no caller
-	// waits past its own: a call queued while this batch is in flight has
-	// a later deadline than every call in it (one timeout for all), and
-	// its own batch is bounded by its deadline again. The callers thus
-	// need no timer of their own.
+	// The batch is bounded by its earliest deadline (at least minLeft
+	// away), so that no caller waits past its own timeout: a call queued
+	// while this batch is in flight has a later one than every call in it
+	// (one timeout for all), and its own batch is bounded by it again, or
+	// it is not sent. The callers thus need no timer of their own (one
+	// whose ctx has an earlier deadline stops waiting at ctx.Done).
 	deadline := live[0].until
 	for _, c := range live[1:] {
 		if c.until.Before(deadline) {

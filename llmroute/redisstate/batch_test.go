@@ -496,3 +496,35 @@ func TestCallsBoundedByTheirOwnDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestCallAboutToExpireDoesNotCutItsBatch: a call with less than a quarter
+// of its timeout left is not sent; the calls batched with it still get
+// their full time and their answers.
+func TestCallAboutToExpireDoesNotCutItsBatch(t *testing.T) {
+	addr := startRedis(t)
+	s := Open(Options{Address: addr, Prefix: "x:", Timeout: time.Second, LeaseTTL: time.Minute}, "a")
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Claim(ctx, "u", "p", -1, -1); err != nil { // connected, script loaded
+		t.Fatal(err)
+	}
+	mk := func(until time.Time) *call {
+		return &call{script: usedScript, keys: []string{"x:up:u", "x:up:u:leases"}, until: until, reply: make(chan *redis.Cmd, 1)}
+	}
+	now := time.Now()
+	late := mk(now.Add(100 * time.Microsecond))
+	batch := []*call{late}
+	for range 20 {
+		batch = append(batch, mk(now.Add(time.Second)))
+	}
+	others := append([]*call(nil), batch[1:]...) // send filters batch in place
+	s.b.send(batch)
+	if err := (<-late.reply).Err(); !errors.Is(err, errExpired) {
+		t.Fatalf("the call about to expire: %v, want errExpired", err)
+	}
+	for i, c := range others {
+		if vals, err := (<-c.reply).Int64Slice(); err != nil || len(vals) != 1 || vals[0] != 1 {
+			t.Fatalf("call %d batched with it: %v %v, want the count 1", i, vals, err)
+		}
+	}
+}

@@ -124,13 +124,13 @@ func Open(o Options, instance string) *Store {
 		instance: instance,
 		timeout:  o.Timeout,
 		ttlMS:    strconv.FormatInt(o.LeaseTTL.Milliseconds(), 10),
-		b:        newBatcher(c),
+		b:        newBatcher(c, o.Timeout/4),
 		pairs:    map[pairID]*pair{},
 	}
 }
 
 // Close sends the calls still queued (releases nobody waits for; each
-// batch bounded by the timeout), then closes the connections. A call
+// batch bounded by its calls' deadlines), then closes the connections. A call
 // queued after Close fails with ErrClosed.
 func (s *Store) Close() error {
 	s.b.close()
@@ -150,13 +150,20 @@ func (s *Store) provKeys(id string) (string, string) {
 	return k, k + ":leases"
 }
 
-// deadline is a call's, queued now.
-func (s *Store) deadline() time.Time { return time.Now().Add(s.timeout) }
+// deadline is a call's, queued now: the timeout, or ctx's deadline when
+// it comes sooner (a call is not sent after its caller gave up).
+func (s *Store) deadline(ctx context.Context) time.Time {
+	until := time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(until) {
+		return d
+	}
+	return until
+}
 
 // run queues a script call on the batcher and waits for its reply, at most
 // the timeout (batcher.do) or until ctx ends.
 func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	return s.b.do(ctx, &call{script: script, keys: keys, args: args, until: s.deadline()})
+	return s.b.do(ctx, &call{script: script, keys: keys, args: args, until: s.deadline(ctx)})
 }
 
 // pair holds what the claims and releases of one upstream at one provider
@@ -232,7 +239,7 @@ const (
 func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, capacity int64) (Verdict, error) {
 	p := s.pairOf(upstream, provider)
 	l := s.claimArgs(p, limit, capacity)
-	n, err := s.b.do(ctx, &call{script: claimScript, keys: p.claimKeys, args: l.args, until: s.deadline(),
+	n, err := s.b.do(ctx, &call{script: claimScript, keys: p.claimKeys, args: l.args, until: s.deadline(ctx),
 		kind: claimCall, pair: l.id}).Int64()
 	if err != nil {
 		return UpstreamFull, err
@@ -242,22 +249,22 @@ func (s *Store) Claim(ctx context.Context, upstream, provider string, limit, cap
 
 // Release gives back what Claim took and wakes every instance's queue.
 func (s *Store) Release(ctx context.Context, upstream, provider string) error {
-	return s.b.do(ctx, s.releaseCall(upstream, provider)).Err()
+	return s.b.do(ctx, s.releaseCall(s.deadline(ctx), upstream, provider)).Err()
 }
 
 // ReleaseLater is Release without waiting: the release is queued (behind
 // every call queued before it) and sent within the timeout; onErr, called
 // from the batcher, gets its failure (it must not block).
 func (s *Store) ReleaseLater(upstream, provider string, onErr func(error)) {
-	c := s.releaseCall(upstream, provider)
+	c := s.releaseCall(s.deadline(context.Background()), upstream, provider)
 	c.onErr = onErr
 	s.b.queue(c)
 }
 
-func (s *Store) releaseCall(upstream, provider string) *call {
+func (s *Store) releaseCall(until time.Time, upstream, provider string) *call {
 	p := s.pairOf(upstream, provider)
 	return &call{script: releaseScript, keys: p.releaseKeys, args: p.releaseArgs,
-		kind: releaseCall, pair: p.id, until: s.deadline()}
+		kind: releaseCall, pair: p.id, until: until}
 }
 
 // Renew sets this instance's counts to what it holds and renews its leases.
@@ -305,7 +312,7 @@ func (s *Store) QueueRenew(upstreams, providers map[string]int64) Queued {
 		keys = append(keys, h, z)
 		args = append(args, n)
 	}
-	c := &call{script: renewScript, keys: keys, args: args, until: s.deadline(),
+	c := &call{script: renewScript, keys: keys, args: args, until: s.deadline(context.Background()),
 		reply: make(chan *redis.Cmd, 1)}
 	s.b.queue(c)
 	return Queued{c}
