@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/keys"
 )
 
 // testState is a resolved redis state block; nothing listens on its
@@ -85,5 +87,40 @@ func TestFleetPooledByStateBlockClosedAfterItsLastRequest(t *testing.T) {
 	}
 	if !closed(other) {
 		t.Fatal("a fleet never started and never used is not closed by its cleanup")
+	}
+}
+
+// Room under state redis falls back as Reserve does: while Redis is away,
+// or when a call to it fails, it checks this instance's own counts
+// (on_state_error local), or refuses (reject); it reserves nothing.
+func TestFleetKeysRoomFallsBack(t *testing.T) {
+	f := acquireFleet(testState("room:", ""), zap.NewNop())
+	defer func() { _, _ = fleets.Delete(f.poolKey) }()
+	fk := &fleetKeys{f: f, local: keys.NewMemory()}
+	fk.local.Acquire("k")
+	now := time.Now()
+	b := keys.Budget{TokensPerDay: 100}
+	if _, l := fk.local.Reserve("k", now, b, keys.Amount{Tokens: 80}); l != keys.LimitNone {
+		t.Fatal(l)
+	}
+	// healthy: the call fails (nothing listens on the address), then the fallback.
+	for _, healthy := range []bool{false, true} {
+		for _, tc := range []struct {
+			tokens int64
+			want   keys.Limit
+		}{{30, keys.LimitTokensPerDay}, {20, keys.LimitNone}} {
+			f.healthy.Store(healthy)
+			if l := fk.Room("k", now, b, keys.Amount{Tokens: tc.tokens}); l != tc.want {
+				t.Errorf("healthy=%v: room for %d with 80 of 100 reserved locally: %v, want %v", healthy, tc.tokens, l, tc.want)
+			}
+		}
+	}
+	f.healthy.Store(false)
+	f.reject = true
+	if l := fk.Room("k", now, b, keys.Amount{Tokens: 20}); l != keys.LimitUnavailable {
+		t.Errorf("reject, Redis away: %v, want unavailable", l)
+	}
+	if u := fk.local.Usage("k", now); u.ReservedToken != 80 {
+		t.Fatalf("reserved %d after the checks, want the one reservation of 80", u.ReservedToken)
 	}
 }
