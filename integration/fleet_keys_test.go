@@ -130,15 +130,9 @@ func TestFleetKeyRedisDownFollowsOnStateError(t *testing.T) {
 	rejectConf["state"].(map[string]any)["prefix"] = "r:"
 	// On Redis first: a fleet that never reached it would show unhealthy
 	// before any call failed.
-	eventually(t, 15*time.Second, "state healthy", func() bool {
-		_, body := local.status()
-		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
-	})
+	waitHealthy(t, local, true)
 	rs.stop()
-	eventually(t, 15*time.Second, "state unhealthy", func() bool {
-		_, body := local.status()
-		return strings.Contains(body, `"state":{"backend":"redis","healthy":false`)
-	})
+	waitHealthy(t, local, false)
 	for i := range 5 {
 		resp := local.chat(chatBody("m", false), "Authorization", "Bearer "+secretTeam)
 		if rb := readAll(t, resp); resp.StatusCode != http.StatusOK {
@@ -205,10 +199,7 @@ func TestFleetKeyReservationsSettleAcrossReloads(t *testing.T) {
 		c["upstreams"].([]map[string]any)[0]["max_concurrency"] = 6
 	}
 	p := startProxy(t, conf)
-	eventually(t, 15*time.Second, "redis state healthy", func() bool {
-		_, body := p.status()
-		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
-	})
+	waitHealthy(t, p, true)
 
 	var stop atomic.Bool
 	var ok, dropped, other atomic.Int64
@@ -292,30 +283,7 @@ func TestFleetKeyReservationsSettleAcrossReloads(t *testing.T) {
 // settlement then leaves only the use.
 func TestFleetKeyReservationRenewedWhileRequestRuns(t *testing.T) {
 	rs := startRedis(t)
-	g := newGate()
-	up := newUpstream(t, gatedUsage(g, 20, 1000))
-	t.Cleanup(g.open)
-	conf := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000))
-	conf["state"].(map[string]any)["lease_ttl"] = "1s"
-	conf["state"].(map[string]any)["timeout"] = "2s" // a loaded machine must not fall back
-	p := startProxy(t, conf)
-	eventually(t, 15*time.Second, "redis state healthy", func() bool {
-		_, body := p.status()
-		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
-	})
-	done := make(chan int, 1)
-	go func() {
-		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
-		resp, err := p.post(context.Background(), body, "Authorization", "Bearer "+secretTeam)
-		if err != nil {
-			done <- 0
-			return
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		done <- resp.StatusCode
-	}()
-	g.waitArrivals(t, 1)
+	p, g, done := startHeldKeyRequest(t, rs, "1s", "2s") // a loaded machine must not fall back
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if k := p.keyStatus("k"); k["reserved_tokens"].(float64) < 1000 {
 			t.Fatalf("the running request's reservation lapsed: %v", k)
@@ -377,30 +345,7 @@ func TestFleetKeyReservationOfKilledInstanceLapses(t *testing.T) {
 // its reservation.
 func TestFleetKeySettlementRetriedAfterRedisFails(t *testing.T) {
 	rs := startRedis(t)
-	g := newGate()
-	up := newUpstream(t, gatedUsage(g, 20, 1000))
-	t.Cleanup(g.open)
-	conf := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000))
-	conf["state"].(map[string]any)["lease_ttl"] = "3s"
-	conf["state"].(map[string]any)["timeout"] = "300ms"
-	p := startProxy(t, conf)
-	eventually(t, 15*time.Second, "redis state healthy", func() bool {
-		_, body := p.status()
-		return strings.Contains(body, `"state":{"backend":"redis","healthy":true`)
-	})
-	done := make(chan int, 1)
-	go func() {
-		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
-		resp, err := p.post(context.Background(), body, "Authorization", "Bearer "+secretTeam)
-		if err != nil {
-			done <- 0
-			return
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		done <- resp.StatusCode
-	}()
-	g.waitArrivals(t, 1)
+	p, g, done := startHeldKeyRequest(t, rs, "3s", "300ms")
 	c := rs.client()
 	defer c.Close()
 	before := p.metric("llm_proxy_state_errors_total")
@@ -419,4 +364,34 @@ func TestFleetKeySettlementRetriedAfterRedisFails(t *testing.T) {
 		acct := c.HGetAll(context.Background(), day).Val()
 		return acct["ut"] == "1020" && acct["rt"] == "0"
 	})
+}
+
+// startHeldKeyRequest runs a proxy on rs whose key has a tokens_per_day
+// budget (state lease_ttl and timeout as given) and sends it one request,
+// which the upstream holds at the gate until g opens; done gets its
+// status (0 for a transport error).
+func startHeldKeyRequest(t *testing.T, rs *redisServer, leaseTTL, timeout string) (*proxy, *gate, <-chan int) {
+	t.Helper()
+	g := newGate()
+	up := newUpstream(t, gatedUsage(g, 20, 1000))
+	t.Cleanup(g.open)
+	conf := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000))
+	conf["state"].(map[string]any)["lease_ttl"] = leaseTTL
+	conf["state"].(map[string]any)["timeout"] = timeout
+	p := startProxy(t, conf)
+	waitHealthy(t, p, true)
+	done := make(chan int, 1)
+	go func() {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`
+		resp, err := p.post(context.Background(), body, "Authorization", "Bearer "+secretTeam)
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	g.waitArrivals(t, 1)
+	return p, g, done
 }

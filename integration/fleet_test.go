@@ -161,8 +161,9 @@ func fleetConfig(up *fakeUpstream, addr string, limit int, state ...any) map[str
 	)
 }
 
-// waitHealthy waits until the instance reports its redis state healthy.
-func waitHealthy(t testing.TB, in *instance, healthy bool) {
+// waitHealthy waits until a proxy (in-process or an instance) reports its
+// redis state healthy, or unhealthy.
+func waitHealthy(t testing.TB, in interface{ status() (statusJSON, string) }, healthy bool) {
 	t.Helper()
 	eventually(t, 15*time.Second, fmt.Sprintf("state healthy=%v", healthy), func() bool {
 		_, body := in.status()
@@ -590,7 +591,7 @@ func TestFleetSkippedNamesFleetFull(t *testing.T) {
 			if err := rc.ZAdd(ctx, tc.hash+":leases", redis.Z{Score: 9e12, Member: "other"}).Err(); err != nil {
 				t.Fatal(err)
 			}
-			waitHealthy(t, &instance{proxy: p}, true)
+			waitHealthy(t, p, true)
 			resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 			readAll(t, resp)
 			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("X-LLM-Route-Skipped") != tc.want {

@@ -479,15 +479,7 @@ func findHold(scope string) *upstreamState {
 	if !ok {
 		return nil
 	}
-	var found *upstreamState
-	upstreamPool.Range(func(k, v any) bool {
-		if k == id {
-			found = v.(*upstreamState)
-			return false
-		}
-		return true
-	})
-	return found
+	return findPooled[*upstreamState](upstreamPool, id)
 }
 
 // shareSuccess tells the fleet that a backoff scope recovered.

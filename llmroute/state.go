@@ -311,11 +311,14 @@ func (b *backoffState) applyFleet(ev redisstate.Event, now time.Time) {
 
 // findBackoff returns the pooled backoff scope named scope, if any config
 // uses it.
-func findBackoff(scope string) *backoffState {
-	var found *backoffState
-	backoffPool.Range(func(k, v any) bool {
-		if k == scope {
-			found = v.(*backoffState)
+func findBackoff(scope string) *backoffState { return findPooled[*backoffState](backoffPool, scope) }
+
+// findPooled returns the value pool holds under key, the zero T when none
+// (a UsagePool has no lookup that leaves the reference count alone).
+func findPooled[T any](pool *caddy.UsagePool, key string) (found T) {
+	pool.Range(func(k, v any) bool {
+		if k == key {
+			found = v.(T)
 			return false
 		}
 		return true

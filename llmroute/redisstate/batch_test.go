@@ -61,10 +61,7 @@ func TestBatchedClaimsKeepTheLimit(t *testing.T) {
 		t.Errorf("%d concurrent claims took %d pipelines: not batched", n, pipes)
 	}
 	t.Logf("%d claims in %d pipelines", n, pipes)
-	ups, _, err := s.Used(ctx, []string{"u"}, nil)
-	if err != nil || ups["u"] != 10 {
-		t.Fatalf("used = %v, %v; want u 10", ups, err)
-	}
+	wantUsed(t, s, "u", 10)
 }
 
 // TestReleaseLaterKeepsOrderAndDrainsOnClose: releases nobody waits for
@@ -179,10 +176,7 @@ return 1`)
 	if got := published() - p0; got < 1 || got > 10 {
 		t.Fatalf("49 concurrent releases published %d messages, want 1 per batch (1..10)", got)
 	}
-	ups, _, err := s.Used(ctx, []string{"u"}, nil)
-	if err != nil || ups["u"] != 0 {
-		t.Fatalf("used = %v, %v; want u 0", ups, err)
-	}
+	wantUsed(t, s, "u", 0)
 }
 
 // TestBatchAfterScriptFlush: scripts the server forgot (a restart, SCRIPT
@@ -206,10 +200,7 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 	if err := s.Release(ctx, "u", "p"); err != nil {
 		t.Fatal(err)
 	}
-	ups, _, err := s.Used(ctx, []string{"u"}, nil)
-	if err != nil || ups["u"] != 1 {
-		t.Fatalf("used = %v, %v; want u 1", ups, err)
-	}
+	wantUsed(t, s, "u", 1)
 }
 
 // holdBatcher keeps s's batcher busy on a slow script for d, so that the
@@ -526,5 +517,14 @@ func TestCallAboutToExpireDoesNotCutItsBatch(t *testing.T) {
 		if vals, err := (<-c.reply).Int64Slice(); err != nil || len(vals) != 1 || vals[0] != 1 {
 			t.Fatalf("call %d batched with it: %v %v, want the count 1", i, vals, err)
 		}
+	}
+}
+
+// wantUsed fails the test unless upstream id's fleet-wide count is n.
+func wantUsed(t *testing.T, s *Store, id string, n int64) {
+	t.Helper()
+	ups, _, err := s.Used(context.Background(), []string{id}, nil)
+	if err != nil || ups[id] != n {
+		t.Fatalf("used = %v, %v; want %s %d", ups, err, id, n)
 	}
 }
