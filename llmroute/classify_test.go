@@ -68,36 +68,39 @@ func TestRedactSecrets(t *testing.T) {
 
 func TestClassifyPath(t *testing.T) {
 	for _, tc := range []struct {
-		path    string
-		mounted bool
-		front   front
-		id      string
+		path  string
+		front front
+		id    string
 	}{
-		{"/v1/chat/completions", false, frontChat, ""},
-		{"/openai/v1/chat/completions", false, frontChat, ""},
-		{"/v1/models", false, frontModels, ""},
-		{"/v1/models/qwen/qwen3-32b", false, frontModel, "qwen/qwen3-32b"},
-		{"/v1/models/", false, frontUnsupported, ""},
-		{"/v1/embeddings", false, frontEmbeddings, ""},
-		{"/v1/messages", false, frontMessages, ""},
-		{"/v1/messages/count_tokens", false, frontCountTokens, ""},
-		{"/v1/responses", false, frontResponses, ""},
-		{"/v1/completions", false, frontCompletions, ""},
-		{"/v1/foo", false, frontUnsupported, ""},
-		{"/v1", false, frontUnsupported, ""},
-		{"/v1x/models", false, frontNone, ""},
-		{"/chat/completions", false, frontNone, ""},
-		{"/assets/models/car.glb", false, frontNone, ""},
-		{"/static/3d/models", false, frontNone, ""},
-		{"/", false, frontNone, ""},
-		{"/chat/completions", true, frontChat, ""},
-		{"/models/m", true, frontModel, "m"},
-		{"/index.html", true, frontNone, ""},
-		{"/v1/nope", true, frontUnsupported, ""},
+		{"/v1/chat/completions", frontChat, ""},
+		{"/openai/v1/chat/completions", frontChat, ""},
+		{"/v1/models", frontModels, ""},
+		{"/v1/models/qwen/qwen3-32b", frontModel, "qwen/qwen3-32b"},
+		{"/v1/models/", frontUnsupported, ""},
+		{"/v1/embeddings", frontEmbeddings, ""},
+		{"/v1/messages", frontMessages, ""},
+		{"/v1/messages/count_tokens", frontCountTokens, ""},
+		{"/v1/responses", frontResponses, ""},
+		{"/v1/completions", frontCompletions, ""},
+		{"/v1/foo", frontUnsupported, ""},
+		{"/v1", frontUnsupported, ""},
+		{"/v1x/models", frontNone, ""},
+		{"/assets/models/car.glb", frontNone, ""},
+		{"/static/3d/models", frontNone, ""},
+		{"/api/chat/completions", frontNone, ""},
+		{"/", frontNone, ""},
+		{"/index.html", frontNone, ""},
+		// The site root (or a stripped mount) is an API root too.
+		{"/chat/completions", frontChat, ""},
+		{"/responses", frontResponses, ""},
+		{"/messages/count_tokens", frontCountTokens, ""},
+		{"/models", frontModels, ""},
+		{"/models/m", frontModel, "m"},
+		{"/models/", frontNone, ""},
 	} {
-		f, _, id := classifyPath(tc.path, tc.mounted)
+		f, _, id := classifyPath(tc.path)
 		if f != tc.front || id != tc.id {
-			t.Errorf("classifyPath(%q, %v) = %v %q, want %v %q", tc.path, tc.mounted, f, id, tc.front, tc.id)
+			t.Errorf("classifyPath(%q) = %v %q, want %v %q", tc.path, f, id, tc.front, tc.id)
 		}
 	}
 }

@@ -23,19 +23,16 @@ import (
 // ServeHTTP answers the API paths (see front) and passes every other
 // request to the next handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	f, allow, id := classifyPath(r.URL.Path, false)
-	if f == frontNone && mountedPath(r) {
-		f, allow, id = classifyPath(r.URL.Path, true)
-	}
+	f, allow, id := classifyPath(r.URL.Path)
 	if f == frontNone {
-		return next.ServeHTTP(w, r)
+		return h.serveNext(w, r, next)
 	}
 	setRequestID(w, r)
 	if (h.corsAny || len(h.corsOrigins) > 0) && h.cors(w, r) {
 		return nil
 	}
 	if f == frontUnsupported {
-		errUnsupported.write(w)
+		h.refuse(w, r, f, errUnsupported)
 		return nil
 	}
 	if !methodAllowed(allow, r.Method) {
