@@ -85,8 +85,8 @@ func (h *Handler) countUpstream(w http.ResponseWriter, r *http.Request, t *targe
 		return false
 	}
 	defer resp.Body.Close()
-	if failoverStatus(resp.StatusCode) || resp.StatusCode == http.StatusNotFound {
-		// 404: a server that serves messages but not count_tokens.
+	if failoverStatus(resp.StatusCode) {
+		// 404 included: a server that serves messages but not count_tokens.
 		if c := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); c != nil {
 			c.Write(zap.String("upstream", u.id), zap.Int("status", resp.StatusCode))
 		}

@@ -1,6 +1,7 @@
 package llmroute
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -160,6 +161,9 @@ type Handler struct {
 
 	stopProber chan struct{}
 	proberDone chan struct{}
+
+	pathChecks     chan struct{}      // closed when the start-up path checks end (pathcheck.go)
+	stopPathChecks context.CancelFunc // cancels them
 
 	fleet *fleet // the redis state, nil for memory
 }

@@ -233,16 +233,21 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 }
 
 // allFailed is the answer when no upstream is left: 502 when every attempt
-// was refused for the operator's credentials (401/403: retrying cannot
-// help), else 503 with Retry-After saying when the first upstream leaves the
-// cooling these very failures may have started (SPEC §12), at least 1 s.
+// was refused for the operator's credentials (401/403) or every upstream
+// lacked the endpoint or model (404/405) — retrying cannot help — else 503
+// with Retry-After saying when the first upstream leaves the cooling these
+// very failures may have started, at least 1 s.
 func (h *Handler) allFailed(rt *route, failures []attemptRecord) apiError {
-	auth := true
+	auth, notFound := true, true
 	for _, f := range failures {
 		auth = auth && f.result == resultAuthErr
+		notFound = notFound && notFoundStatus(f.status)
 	}
-	if auth {
+	switch {
+	case auth:
 		return errUpstreamAuth
+	case notFound:
+		return errUpstreamNotFound
 	}
 	e := errAllFailed
 	if soonest, allCooling := soonestBack(rt, time.Now()); allCooling {
