@@ -226,13 +226,13 @@ type upstreamCall struct {
 // scripts. It records every call and its own peak concurrency.
 type fakeUpstream struct {
 	*httptest.Server
-	mu       sync.Mutex
-	calls    []upstreamCall
+	mu    sync.Mutex
+	calls []upstreamCall
 	// modelLists are the GET …/models requests (the start-up path check).
 	modelLists []upstreamCall
-	handler  http.HandlerFunc
-	inflight atomic.Int64
-	peak     atomic.Int64
+	handler    http.HandlerFunc
+	inflight   atomic.Int64
+	peak       atomic.Int64
 }
 
 // newUpstream starts a fake upstream; behave answers each request (nil =
