@@ -24,7 +24,7 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
 	if apiErr != nil {
-		apiErr.writeAs(w, frontCountTokens)
+		h.refuse(w, r, frontCountTokens, *apiErr)
 		return nil
 	}
 	model, _, err := transform.ParseRequest(body)
@@ -33,12 +33,12 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 		if errors.Is(err, transform.ErrNoModel) {
 			e = errNoModel
 		}
-		e.writeAs(w, frontCountTokens)
+		h.refuse(w, r, frontCountTokens, e)
 		return nil
 	}
 	rt := h.routes[model]
 	if rt == nil {
-		errUnknownModel(model).writeAs(w, frontCountTokens)
+		h.refuse(w, r, frontCountTokens, errUnknownModel(model), zap.String("model", model))
 		return nil
 	}
 	if key != nil && !key.allows(rt.name) {

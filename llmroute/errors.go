@@ -4,6 +4,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // apiError is an error the proxy answers itself, in the OpenAI error shape
@@ -100,7 +104,73 @@ func appendJSONString(dst []byte, s string) []byte {
 }
 
 // refuse answers a request the proxy turns away itself, in the front's
-// shape.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f front, e apiError) {
+// shape. Every refusal passes here exactly once, so each leaves one trace:
+// an INFO log line with its reason and the client key's id (never the
+// secret; none before the key is known) and one count in
+// llm_proxy_rejected_total{reason}. fields add what the caller knows (the
+// model).
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, f front, e apiError, fields ...zap.Field) {
+	h.noteRefusal(r, refusalReason(e.code), e.code, e.status, e.retryAfter, fields...)
 	e.writeAs(w, f)
+}
+
+// noteRefusal logs and counts a refusal (refuse; a translator's own 400
+// comes here directly).
+func (h *Handler) noteRefusal(r *http.Request, reason, code string, status, retryAfter int, fields ...zap.Field) {
+	h.metrics.rejected(reason).Inc()
+	c := h.logger.Check(zapcore.InfoLevel, "request refused")
+	if c == nil {
+		return
+	}
+	all := make([]zap.Field, 0, 7+len(fields))
+	all = append(all, zap.String("reason", reason), zap.String("code", code), zap.Int("status", status),
+		zap.String("method", r.Method), zap.String("path", r.URL.Path))
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		if id, ok := repl.Get("http.llm_route.key"); ok {
+			if s, ok := id.(string); ok {
+				all = append(all, zap.String("key", s))
+			}
+		}
+	}
+	if retryAfter > 0 {
+		all = append(all, zap.Int("retry_after", retryAfter))
+	}
+	c.Write(append(all, fields...)...)
+}
+
+// refusalReasons maps the error codes of the proxy's refusals to the
+// reason label of llm_proxy_rejected_total: short, stable words, several
+// codes to one where a dashboard need not tell them apart.
+var refusalReasons = map[string]string{
+	"invalid_api_key":         "invalid_api_key",
+	"model_not_allowed":       "model_not_allowed",
+	"rate_limit_exceeded":     "rate_limited",
+	"insufficient_quota":      "budget",
+	"model_not_found":         "unknown_model",
+	"invalid_json":            "bad_request",
+	"missing_model":           "bad_request",
+	"duplicate_key":           "bad_request",
+	"body_read_error":         "bad_request",
+	"request_too_large":       "too_large",
+	"context_length_exceeded": "context_too_long",
+	"unsupported_endpoint":    "unsupported_endpoint",
+	"method_not_allowed":      "method",
+	"cors_origin_not_allowed": "cors",
+	"no_upstream_for_api":     "api_not_served",
+	"all_upstreams_busy":      "busy",
+	"all_upstreams_cooling":   "cooling",
+	"queue_full":              "queue_full",
+	"queue_timeout":           "queue_timeout",
+	"all_upstreams_failed":    "all_failed",
+	"upstream_auth_error":     "upstream_auth",
+	"upstream_not_found":      "upstream_not_found",
+}
+
+// refusalReason is the reason label of an error code; "other" for a code
+// the table does not know, so the label set stays bounded.
+func refusalReason(code string) string {
+	if r, ok := refusalReasons[code]; ok {
+		return r
+	}
+	return "other"
 }

@@ -159,7 +159,7 @@ func (h *Handler) cors(w http.ResponseWriter, r *http.Request) bool {
 	preflight := r.Method == http.MethodOptions && origin != "" && r.Header.Get("Access-Control-Request-Method") != ""
 	if !h.corsAllows(origin) {
 		if preflight {
-			errCORSOrigin.write(w)
+			h.refuse(w, r, frontNone, errCORSOrigin)
 			return true
 		}
 		return false // no CORS headers: the browser refuses to read the answer
