@@ -71,9 +71,9 @@ func TestUpstreamNotFoundFailsOver(t *testing.T) {
 
 	// The start-up probe warns, in the background, before any request.
 	eventually(t, 10*time.Second, "the start-up warning", func() bool {
-		return len(p.logEntries("provider url does not serve the API")) > 0
+		return len(p.logEntries("provider url may be wrong")) > 0
 	})
-	warned := p.logEntries("provider url does not serve the API")
+	warned := p.logEntries("provider url may be wrong")
 	if len(warned) != 1 || warned[0]["level"] != "warn" || warned[0]["provider"] != "gpu" ||
 		!strings.Contains(fmt.Sprint(warned[0]["hint"]), "does the provider url end in /v1?") ||
 		warned[0]["url"] != bad.URL+"/models" {
@@ -170,7 +170,7 @@ func TestStartupProbeUnreachable(t *testing.T) {
 	if len(off) != 1 || off[0]["level"] != "info" || off[0]["provider"] != "off" {
 		t.Errorf("entries for the provider that is off: %v", off)
 	}
-	if n := len(p.logEntries("provider url does not serve the API")); n != 0 {
+	if n := len(p.logEntries("provider url may be wrong")); n != 0 {
 		t.Errorf("%d path warnings for providers whose path is right", n)
 	}
 	lists := good.ModelLists()

@@ -104,7 +104,7 @@ func (h *Handler) checkPath(parent context.Context, u *upstream) {
 	drain(resp.Body)
 	resp.Body.Close()
 	if notFoundStatus(resp.StatusCode) {
-		if c := h.logger.Check(zapcore.WarnLevel, "provider url does not serve the API"); c != nil {
+		if c := h.logger.Check(zapcore.WarnLevel, "provider url may be wrong"); c != nil {
 			c.Write(zap.String("provider", u.provider), zap.String("url", redactURL(target)),
 				zap.Int("status", resp.StatusCode), zap.String("hint", pathHint(u.base)))
 		}
