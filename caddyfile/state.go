@@ -4,7 +4,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute"
 )
 
-// state parses `state memory` or `state redis { … }` (SPEC §17).
+// state parses `state memory` or `state redis { … }`.
 func (p *parser) state() error {
 	d := p.d
 	const where = "state: "

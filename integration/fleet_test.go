@@ -1,6 +1,6 @@
 package integration
 
-// Issue 16: shared state across Caddy instances through Redis (SPEC §17).
+// Issue 16: shared state across Caddy instances through Redis.
 // These tests run a real redis-server and real Caddy processes (the load
 // benchmark's binary: Caddy's standard main with this module), so that two
 // instances share nothing but Redis.

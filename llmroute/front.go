@@ -138,7 +138,7 @@ func (h *Handler) serveNext(w http.ResponseWriter, r *http.Request, next caddyht
 	return nil
 }
 
-// CORS (SPEC §12): what a preflight answer allows. Beyond the four headers
+// CORS: what a preflight answer allows. Beyond the four headers
 // the spec names, the preflight also allows the headers the browser asks for
 // (Access-Control-Request-Headers): browser SDKs send more (openai-node its
 // x-stainless-* telemetry, anthropic's SDK
@@ -202,7 +202,7 @@ func (h *Handler) corsAllows(origin string) bool {
 
 // provisionRequests resolves the request-side options: CORS origins, the
 // rewrite bound, each provider's forward_headers, and the keys whose
-// duplicates a request may not carry (SPEC §12: the keys any of a route's
+// duplicates a request may not carry (the keys any of a route's
 // patches write; model, stream and messages are always checked).
 func (h *Handler) provisionRequests() error {
 	for _, o := range h.CORS {
