@@ -162,10 +162,10 @@ func TestStartupProbeUnreachable(t *testing.T) {
 		[]map[string]any{obj("id", "u-off", "provider", "off", "model", "x"), obj("id", "u-on", "provider", "on", "model", "x")},
 		[]map[string]any{obj("name", "m", "upstreams", []string{"u-off", "u-on"})},
 	))
-	eventually(t, 10*time.Second, "the start-up note", func() bool {
-		return len(p.logEntries("provider not reachable at start-up")) > 0
+	eventually(t, 10*time.Second, "both providers checked", func() bool {
+		return len(p.logEntries("provider not reachable at start-up")) > 0 &&
+			len(p.logEntries("provider path checked")) > 0
 	})
-	time.Sleep(200 * time.Millisecond) // the other provider's probe has had its time
 	off := p.logEntries("provider not reachable at start-up")
 	if len(off) != 1 || off[0]["level"] != "info" || off[0]["provider"] != "off" {
 		t.Errorf("entries for the provider that is off: %v", off)
