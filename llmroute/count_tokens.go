@@ -38,7 +38,7 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 	}
 	rt := h.routes[model]
 	if rt == nil {
-		h.refuse(w, r, frontCountTokens, errUnknownModel(model), zap.String("model", model))
+		h.refuse(w, r, frontCountTokens, errUnknownModel(model), clientModel(model))
 		return nil
 	}
 	if key != nil && !key.allows(rt.name) {

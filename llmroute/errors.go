@@ -138,6 +138,16 @@ func (h *Handler) noteRefusal(r *http.Request, reason, code string, status, retr
 	c.Write(append(all, fields...)...)
 }
 
+// clientModel logs a model name the client sent, which no config bounds:
+// a long one is cut so that it cannot bloat the log.
+func clientModel(name string) zap.Field {
+	const max = 200
+	if len(name) > max {
+		name = name[:max] + "…"
+	}
+	return zap.String("model", name)
+}
+
 // refusalReasons maps the error codes of the proxy's refusals to the
 // reason label of llm_proxy_rejected_total: short, stable words, several
 // codes to one where a dashboard need not tell them apart.

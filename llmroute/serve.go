@@ -101,7 +101,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	fr := frontReq{f: f, api: frontAPI(f), stream: stream, arrival: arrival}
 	rt := h.routes[model]
 	if rt == nil {
-		h.refuse(w, r, f, errUnknownModel(model), zap.String("model", model))
+		h.refuse(w, r, f, errUnknownModel(model), clientModel(model))
 		return nil
 	}
 	// Only the upstreams that can serve the front's API take part.
@@ -369,7 +369,7 @@ func (h *Handler) serveModels(w http.ResponseWriter) error {
 // serveModel answers GET …/models/{name}.
 func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, name string) error {
 	if h.routes[name] == nil {
-		h.refuse(w, r, frontModel, errUnknownModel(name), zap.String("model", name))
+		h.refuse(w, r, frontModel, errUnknownModel(name), clientModel(name))
 		return nil
 	}
 	writeJSON(w, http.StatusOK, appendModelObject(nil, name, h.created))
