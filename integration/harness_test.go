@@ -226,11 +226,13 @@ type upstreamCall struct {
 // scripts. It records every call and its own peak concurrency.
 type fakeUpstream struct {
 	*httptest.Server
-	mu       sync.Mutex
-	calls    []upstreamCall
-	handler  http.HandlerFunc
-	inflight atomic.Int64
-	peak     atomic.Int64
+	mu    sync.Mutex
+	calls []upstreamCall
+	// modelLists are the GET …/models requests (the start-up path check).
+	modelLists []upstreamCall
+	handler    http.HandlerFunc
+	inflight   atomic.Int64
+	peak       atomic.Int64
 }
 
 // newUpstream starts a fake upstream; behave answers each request (nil =
@@ -239,6 +241,16 @@ func newUpstream(t testing.TB, behave http.HandlerFunc) *fakeUpstream {
 	t.Helper()
 	f := &fakeUpstream{handler: behave}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
+			// The handler's start-up check of the provider url: answered
+			// like a provider, and kept apart from the calls tests count.
+			f.mu.Lock()
+			f.modelLists = append(f.modelLists, upstreamCall{Path: r.URL.Path, Header: r.Header.Clone()})
+			f.mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"object":"list","data":[]}`)
+			return
+		}
 		n := f.inflight.Add(1)
 		defer f.inflight.Add(-1)
 		for {
@@ -274,6 +286,13 @@ func (f *fakeUpstream) Calls() []upstreamCall {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]upstreamCall(nil), f.calls...)
+}
+
+// ModelLists returns a copy of the GET …/models requests so far.
+func (f *fakeUpstream) ModelLists() []upstreamCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]upstreamCall(nil), f.modelLists...)
 }
 
 // base is the provider URL for this upstream.

@@ -495,15 +495,15 @@ func TestOtherPathsFallThrough(t *testing.T) {
 	p.next = []any{obj("handler", "static_response", "status_code", 418, "body", "next handler")}
 	p.load(basicConfig(up, 0))
 
-	// Only paths under an API root ending in /v1 are the handler's;
-	// the rest, API-looking or not, belong to the next handler.
+	// Only the API paths, under an API root ending in /v1 or at the site
+	// root, are the handler's; the rest, API-looking or not, belong to
+	// the next handler.
 	for _, tc := range []struct{ method, path string }{
 		{http.MethodGet, "/healthz"},
 		{http.MethodGet, "/"},
 		{http.MethodPost, "/"},
 		{http.MethodGet, "/assets/models/car.glb"},
 		{http.MethodGet, "/static/3d/models"},
-		{http.MethodPost, "/chat/completions"},
 		{http.MethodPost, "/api/chat/completions"},
 		{http.MethodGet, "/v1x/models"},
 	} {

@@ -200,6 +200,12 @@ func (s *soakServer) sleep(r *http.Request, min, max int) bool {
 }
 
 func (s *soakServer) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
+		// The handler's start-up check of the provider url.
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"object":"list","data":[]}`)
+		return
+	}
 	arrive := time.Now()
 	body, _ := io.ReadAll(r.Body)
 	if r.Header.Get("Authorization") != s.auth {

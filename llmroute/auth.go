@@ -14,7 +14,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
@@ -269,11 +268,7 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, f front) 
 			return k
 		}
 	}
-	// Debug: anyone can send these, and the access log has the 401.
-	if c := h.logger.Check(zapcore.DebugLevel, "client key refused"); c != nil {
-		c.Write(zap.Bool("key_sent", secret != ""), zap.String("path", r.URL.Path))
-	}
-	errInvalidKey.writeAs(w, keyErrorFront(r, f))
+	h.refuse(w, r, keyErrorFront(r, f), errInvalidKey, zap.Bool("key_sent", secret != ""))
 	return nil
 }
 
@@ -298,14 +293,11 @@ func keyErrorFront(r *http.Request, f front) front {
 	return f
 }
 
-// refuseKey answers a refusal for k on model and counts it.
+// refuseKey answers a refusal for k on model and counts it in the key's
+// requests too.
 func (h *Handler) refuseKey(w http.ResponseWriter, r *http.Request, f front, k *clientKey, model string, e apiError) {
-	result := e.code
-	keyMetrics.requests.WithLabelValues(k.id, model, result).Inc()
-	if c := h.logger.Check(zapcore.InfoLevel, "client key refused"); c != nil {
-		c.Write(zap.String("key", k.id), zap.String("model", model), zap.String("reason", e.code), zap.Int("retry_after", e.retryAfter))
-	}
-	e.writeAs(w, keyErrorFront(r, f))
+	keyMetrics.requests.WithLabelValues(k.id, model, e.code).Inc()
+	h.refuse(w, r, keyErrorFront(r, f), e, zap.String("model", model))
 }
 
 // keyStatus is one client key in GET /llm_route/status: what it used in

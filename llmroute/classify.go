@@ -1,6 +1,7 @@
 package llmroute
 
 import (
+	"bytes"
 	"io"
 	"net/http"
 	"regexp"
@@ -16,9 +17,19 @@ import (
 // 403 are among them: the client's credentials never go
 // upstream, so a refusal is about the operator's key, and another upstream
 // may well take the request.
+//
+// So are 404 and 405: the model name and the path an upstream is sent come
+// from the config, not from the client, so an upstream that has no such
+// endpoint or model is misconfigured (a provider url without /v1, a model
+// name the server does not have), and another upstream may serve.
 func failoverStatus(code int) bool {
 	return code >= 500 || code == http.StatusTooManyRequests || code == http.StatusPaymentRequired ||
-		authStatus(code)
+		authStatus(code) || notFoundStatus(code)
+}
+
+// notFoundStatus reports an upstream without the endpoint or model asked.
+func notFoundStatus(code int) bool {
+	return code == http.StatusNotFound || code == http.StatusMethodNotAllowed
 }
 
 // authStatus reports an upstream refusing the operator's credentials.
@@ -98,25 +109,60 @@ func parseRetryAfter(hdr http.Header, now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
-// maxAuthLog bounds how much of a 401/403 body goes to the log.
+// maxAuthLog bounds how much of a failed answer's body goes to the log.
 const maxAuthLog = 1 << 10
 
-// drainFailed drains a failed response like drain. A 401/403's body says
-// why the operator's key was refused; the client never sees it (it could
-// name the account), so its head goes to the log, with anything
-// key-shaped redacted.
+// drainFailed drains a failed response like drain. The body of a 401/403
+// says why the operator's key was refused, that of a 404/405 what the
+// upstream does not have; the client never sees either (it could name the
+// account), so its head goes to the log, with anything key-shaped
+// redacted.
 func (h *Handler) drainFailed(u *upstream, resp *http.Response) {
-	if !authStatus(resp.StatusCode) {
+	if !authStatus(resp.StatusCode) && !notFoundStatus(resp.StatusCode) {
 		drain(resp.Body)
 		return
 	}
 	var head [maxAuthLog]byte
 	n, _ := io.ReadFull(resp.Body, head[:])
 	drain(resp.Body)
+	body := redactSecrets(string(head[:n]), u.auth)
+	if notFoundStatus(resp.StatusCode) {
+		if c := h.logger.Check(zapcore.ErrorLevel, "upstream has no such endpoint"); c != nil {
+			tried := u.url
+			if resp.Request != nil && resp.Request.URL != nil {
+				tried = resp.Request.URL.String()
+			}
+			c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
+				zap.String("url", redactURL(tried)), zap.String("body", body),
+				zap.String("hint", notFoundHint(u.base, u.model, head[:n])))
+		}
+		return
+	}
 	if c := h.logger.Check(zapcore.WarnLevel, "upstream refused the provider key"); c != nil {
 		c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
-			zap.String("body", redactSecrets(string(head[:n]), u.auth)))
+			zap.String("body", body))
 	}
+}
+
+// notFoundHint says what to check when an upstream answers 404/405: the
+// model name, when its answer speaks of a model (Ollama, vLLM and OpenAI
+// name the model they do not have), else the provider url (base), which
+// must be the API root the endpoint paths are appended to (…/v1).
+func notFoundHint(base, model string, body []byte) string {
+	if model != "" && bytes.Contains(bytes.ToLower(body), []byte("model")) {
+		return "the upstream does not know model " + strconv.Quote(model) +
+			": check the upstream's model name (Ollama: is it pulled? llama.cpp, vLLM: the name it serves)"
+	}
+	return pathHint(base)
+}
+
+// pathHint says what to check when a provider url does not serve the API
+// paths.
+func pathHint(base string) string {
+	if !strings.HasSuffix(base, "/v1") {
+		return "does the provider url end in /v1? (" + redactURL(base+"/v1") + ")"
+	}
+	return "check the provider url: the endpoint paths are appended to it (" + redactURL(base) + ")"
 }
 
 // keyShaped matches what API keys and bearer tokens look like (sk-…,

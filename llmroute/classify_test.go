@@ -40,7 +40,7 @@ func TestStatusClassification(t *testing.T) {
 		failover bool
 		result   string
 	}{
-		{200, false, "ok"}, {204, false, "ok"}, {400, false, "4xx"}, {404, false, "4xx"}, {422, false, "4xx"},
+		{200, false, "ok"}, {204, false, "ok"}, {400, false, "4xx"}, {404, true, "4xx"}, {405, true, "4xx"}, {422, false, "4xx"},
 		{401, true, "auth_err"}, {403, true, "auth_err"}, {402, true, "402"}, {429, true, "429"},
 		{500, true, "5xx"}, {503, true, "5xx"}, {529, true, "5xx"},
 	} {
@@ -68,36 +68,70 @@ func TestRedactSecrets(t *testing.T) {
 
 func TestClassifyPath(t *testing.T) {
 	for _, tc := range []struct {
-		path    string
-		mounted bool
-		front   front
-		id      string
+		path  string
+		front front
+		id    string
 	}{
-		{"/v1/chat/completions", false, frontChat, ""},
-		{"/openai/v1/chat/completions", false, frontChat, ""},
-		{"/v1/models", false, frontModels, ""},
-		{"/v1/models/qwen/qwen3-32b", false, frontModel, "qwen/qwen3-32b"},
-		{"/v1/models/", false, frontUnsupported, ""},
-		{"/v1/embeddings", false, frontEmbeddings, ""},
-		{"/v1/messages", false, frontMessages, ""},
-		{"/v1/messages/count_tokens", false, frontCountTokens, ""},
-		{"/v1/responses", false, frontResponses, ""},
-		{"/v1/completions", false, frontCompletions, ""},
-		{"/v1/foo", false, frontUnsupported, ""},
-		{"/v1", false, frontUnsupported, ""},
-		{"/v1x/models", false, frontNone, ""},
-		{"/chat/completions", false, frontNone, ""},
-		{"/assets/models/car.glb", false, frontNone, ""},
-		{"/static/3d/models", false, frontNone, ""},
-		{"/", false, frontNone, ""},
-		{"/chat/completions", true, frontChat, ""},
-		{"/models/m", true, frontModel, "m"},
-		{"/index.html", true, frontNone, ""},
-		{"/v1/nope", true, frontUnsupported, ""},
+		{"/v1/chat/completions", frontChat, ""},
+		{"/openai/v1/chat/completions", frontChat, ""},
+		{"/v1/models", frontModels, ""},
+		{"/v1/models/qwen/qwen3-32b", frontModel, "qwen/qwen3-32b"},
+		{"/v1/models/", frontUnsupported, ""},
+		{"/v1/embeddings", frontEmbeddings, ""},
+		{"/v1/messages", frontMessages, ""},
+		{"/v1/messages/count_tokens", frontCountTokens, ""},
+		{"/v1/responses", frontResponses, ""},
+		{"/v1/completions", frontCompletions, ""},
+		{"/v1/foo", frontUnsupported, ""},
+		{"/v1", frontUnsupported, ""},
+		{"/v1x/models", frontNone, ""},
+		{"/assets/models/car.glb", frontNone, ""},
+		{"/static/3d/models", frontNone, ""},
+		{"/api/chat/completions", frontNone, ""},
+		{"/", frontNone, ""},
+		{"/index.html", frontNone, ""},
+		// The site root (or a stripped mount) is an API root too.
+		{"/chat/completions", frontChat, ""},
+		{"/responses", frontResponses, ""},
+		{"/messages/count_tokens", frontCountTokens, ""},
+		{"/models", frontModels, ""},
+		{"/models/m", frontModel, "m"},
+		{"/models/", frontNone, ""},
 	} {
-		f, _, id := classifyPath(tc.path, tc.mounted)
+		f, _, id := classifyPath(tc.path)
 		if f != tc.front || id != tc.id {
-			t.Errorf("classifyPath(%q, %v) = %v %q, want %v %q", tc.path, tc.mounted, f, id, tc.front, tc.id)
+			t.Errorf("classifyPath(%q) = %v %q, want %v %q", tc.path, f, id, tc.front, tc.id)
+		}
+	}
+}
+
+func TestNotFoundHint(t *testing.T) {
+	for _, tc := range []struct {
+		base, model, body string
+		want, not         string
+	}{
+		{"http://127.0.0.1:9004", "qwen3", "404 page not found", "does the provider url end in /v1? (http://127.0.0.1:9004/v1)", "model"},
+		{"http://127.0.0.1:9004/v1", "qwen3", `{"detail":"Not Found"}`, "check the provider url", "/v1?"},
+		{"http://127.0.0.1:11434/v1", "qwen3:32b", `{"error":{"message":"model \"qwen3:32b\" not found, try pulling it first"}}`, `model "qwen3:32b"`, "/v1?"},
+		{"http://127.0.0.1:8000/v1", "m", `{"object":"error","message":"The model ` + "`m`" + ` does not exist.","code":404}`, `model "m"`, "/v1?"},
+	} {
+		got := notFoundHint(tc.base, tc.model, []byte(tc.body))
+		if !strings.Contains(got, tc.want) || strings.Contains(got, tc.not) {
+			t.Errorf("notFoundHint(%q, %q, %q) = %q, want %q and not %q", tc.base, tc.model, tc.body, got, tc.want, tc.not)
+		}
+	}
+}
+
+func TestRefusalReasonsAreBounded(t *testing.T) {
+	if got := refusalReason("something_new"); got != "other" {
+		t.Errorf("unknown code → %q, want other", got)
+	}
+	for _, e := range []apiError{errBadJSON, errNoModel, errReadBody, errDuplicateKey, errAllBusy, errAllFailed,
+		errQueueFull, errUpstreamAuth, errUpstreamNotFound, errUnsupported, errCORSOrigin, errQueueTimeout,
+		errInvalidKey, errUnknownModel("x"), errTooLarge(1), errMethod("POST"), errAllCooling(1),
+		errModelNotAllowed("x"), errRateLimited(time.Second), errContextTooLong(1), errNoAPI("x", apiChat)} {
+		if refusalReason(e.code) == "other" {
+			t.Errorf("code %q has no reason of its own", e.code)
 		}
 	}
 }

@@ -24,7 +24,7 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
 	if apiErr != nil {
-		apiErr.writeAs(w, frontCountTokens)
+		h.refuse(w, r, frontCountTokens, *apiErr)
 		return nil
 	}
 	model, _, err := transform.ParseRequest(body)
@@ -33,12 +33,12 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 		if errors.Is(err, transform.ErrNoModel) {
 			e = errNoModel
 		}
-		e.writeAs(w, frontCountTokens)
+		h.refuse(w, r, frontCountTokens, e)
 		return nil
 	}
 	rt := h.routes[model]
 	if rt == nil {
-		errUnknownModel(model).writeAs(w, frontCountTokens)
+		h.refuse(w, r, frontCountTokens, errUnknownModel(model), clientModel(model))
 		return nil
 	}
 	if key != nil && !key.allows(rt.name) {
@@ -85,8 +85,8 @@ func (h *Handler) countUpstream(w http.ResponseWriter, r *http.Request, t *targe
 		return false
 	}
 	defer resp.Body.Close()
-	if failoverStatus(resp.StatusCode) || resp.StatusCode == http.StatusNotFound {
-		// 404: a server that serves messages but not count_tokens.
+	if failoverStatus(resp.StatusCode) {
+		// 404 included: a server that serves messages but not count_tokens.
 		if c := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); c != nil {
 			c.Write(zap.String("upstream", u.id), zap.Int("status", resp.StatusCode))
 		}

@@ -124,10 +124,12 @@ func (ex *exchange) run(body []byte) attemptResult {
 	out, ep, errBody, status := ex.buildBody(body)
 	if status != 0 {
 		if errBody != nil {
+			// The front's translator refused the body, in its own shape.
+			h.noteRefusal(r, "bad_request", "translation_refused", status, 0, zap.String("upstream", u.id))
 			ex.w.Header().Set("Cache-Control", "no-store")
 			writeJSON(ex.w, status, errBody)
 		} else {
-			errBadJSON.writeAs(ex.w, ex.fr.f)
+			h.refuse(ex.w, r, ex.fr.f, errBadJSON, zap.String("upstream", u.id))
 		}
 		return attemptResult{out: outDone, result: result4xx, status: status}
 	}

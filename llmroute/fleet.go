@@ -236,7 +236,9 @@ func (f *fleet) maintain(ctx context.Context) {
 			f.failed(err)
 			wait = min(wait, time.Second)
 		} else if f.healthy.CompareAndSwap(false, true) {
-			f.logger.Load().Warn("shared state reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
+			// Good news, at start and after an outage alike: only the
+			// loss (failed) is worth an operator's attention.
+			f.logger.Load().Info("shared state reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
 		}
 		next = time.Now().Add(wait)
 		t.Reset(wait)

@@ -1,7 +1,10 @@
 package llmroute
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 
@@ -13,22 +16,22 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
-// front is the kind of API endpoint a request path names. A path is the
-// handler's only under an API root: a prefix ending in `/v1`
-// (`/v1`, `/openai/v1`), or the handler's own mount when a path matcher
-// stripped its prefix (`handle_path /llm/*` makes `/llm/chat/completions`
-// arrive as `/chat/completions`). Every other path goes to the next
-// handler, so the handler composes with a file server in the same site.
+// front is the kind of API endpoint a request path names. The API paths
+// are the handler's under an API root: a prefix ending in `/v1` (`/v1`,
+// `/openai/v1`) or the site root itself, so a client whose base URL lacks
+// `/v1` is served too, as is a handler mounted with a path matcher that
+// strips its prefix (`handle_path /llm/*` makes `/llm/chat/completions`
+// arrive as `/chat/completions`). Anything else under `/v1` is an unknown
+// endpoint; every other path goes to the next handler, so the handler
+// composes with a file server in the same site.
 type front uint8
 
 const (
 	frontNone        front = iota // not the handler's: next handler
-	frontUnsupported              // under an API root, no such endpoint: 404 unsupported_endpoint
+	frontUnsupported              // under /v1, no such endpoint: 404 unsupported_endpoint
 	frontChat                     // POST …/chat/completions
 	frontModels                   // GET …/models
 	frontModel                    // GET …/models/{id}
-	// The other fronts, recognised so that they answer
-	// unsupported_endpoint (not the next handler) until they are served.
 	frontMessages
 	frontCountTokens
 	frontResponses
@@ -53,15 +56,11 @@ var endpoints = []struct {
 }
 
 // classifyPath returns the front of a request path, the methods it allows,
-// and for frontModel the model id. mounted says a path matcher stripped the
-// handler's prefix, so the path itself is relative to the API root.
-func classifyPath(path string, mounted bool) (f front, allow, id string) {
+// and for frontModel the model id.
+func classifyPath(path string) (f front, allow, id string) {
 	rest, underV1 := apiRest(path)
 	if !underV1 {
-		if !mounted {
-			return frontNone, "", ""
-		}
-		rest = path
+		rest = path // the site root (or a mount) is an API root too
 	}
 	for _, e := range endpoints {
 		if rest == e.path {
@@ -74,7 +73,7 @@ func classifyPath(path string, mounted bool) (f front, allow, id string) {
 	if underV1 {
 		return frontUnsupported, "", ""
 	}
-	return frontNone, "", "" // a mount's other paths are not the API's
+	return frontNone, "", "" // the site's other paths are not the API's
 }
 
 // apiRest splits off the shortest prefix of path ending in the segment
@@ -87,17 +86,56 @@ func apiRest(path string) (string, bool) {
 	return path[min(i+3, len(path)):], true
 }
 
-// mountedPath reports whether a path matcher (handle_path, uri
-// strip_prefix) rewrote the request path on the way to this handler: the
-// original request Caddy keeps in the context had a longer path that ends
-// in this one.
-func mountedPath(r *http.Request) bool {
-	orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request)
-	if !ok || orig.URL == nil {
-		return false
+// answeredWriter wraps the response writer of a request passed to the next
+// handler, to learn whether any handler answered it. Writing a status, a
+// body, a flush or a hijack counts; a handler chain that returns having
+// done none of these would leave Caddy's empty 200.
+type answeredWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	answered bool
+}
+
+func (w *answeredWriter) WriteHeader(status int) {
+	w.answered = true
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *answeredWriter) Write(b []byte) (int, error) {
+	w.answered = true
+	return w.ResponseWriter.Write(b)
+}
+
+// ReadFrom is how io.Copy (a file server) writes a body.
+func (w *answeredWriter) ReadFrom(r io.Reader) (int64, error) {
+	w.answered = true
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError and Hijack are found by http.ResponseController before it
+// unwraps, so a flush or a hijack is seen here too.
+func (w *answeredWriter) FlushError() error {
+	w.answered = true
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *answeredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.answered = true
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+// serveNext passes a request that is not the API's to the next handler.
+// When no handler answers it, the client gets the 404 unsupported_endpoint
+// rather than an empty 200 it would take for an answer; an operator who
+// wants an empty answer says so (`respond 200`), which counts as one.
+func (h *Handler) serveNext(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	aw := &answeredWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	err := next.ServeHTTP(aw, r)
+	if err != nil || aw.answered {
+		return err
 	}
-	op := orig.URL.Path
-	return len(op) > len(r.URL.Path) && strings.HasSuffix(op, r.URL.Path)
+	setRequestID(w, r)
+	h.refuse(w, r, frontNone, errUnsupported)
+	return nil
 }
 
 // CORS: what a preflight answer allows. Beyond the four headers
@@ -121,7 +159,7 @@ func (h *Handler) cors(w http.ResponseWriter, r *http.Request) bool {
 	preflight := r.Method == http.MethodOptions && origin != "" && r.Header.Get("Access-Control-Request-Method") != ""
 	if !h.corsAllows(origin) {
 		if preflight {
-			errCORSOrigin.write(w)
+			h.refuse(w, r, frontNone, errCORSOrigin)
 			return true
 		}
 		return false // no CORS headers: the browser refuses to read the answer

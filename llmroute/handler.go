@@ -1,6 +1,7 @@
 package llmroute
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -21,9 +22,12 @@ func init() {
 // models by its own slot accounting, fails over and backs off when an upstream
 // breaks, patches request bodies and rewrites responses.
 //
-// It serves `POST …/chat/completions` and `GET …/models` (any path prefix);
-// every other request is passed to the next handler, so it composes with the
-// rest of a Caddy route.
+// It serves the API paths (`POST …/chat/completions`, `…/responses`,
+// `…/messages`, `…/embeddings`, `…/completions`, `GET …/models`) under any
+// prefix ending in `/v1` and at the site root; every other request is
+// passed to the next handler, so it composes with the rest of a Caddy
+// route. A request no later handler answers gets a JSON 404 rather than
+// an empty 200.
 //
 // Errors the handler produces itself are written as OpenAI-shaped JSON
 // (`{"error":{"message","type","code"}}`) rather than returned to Caddy's
@@ -157,6 +161,9 @@ type Handler struct {
 
 	stopProber chan struct{}
 	proberDone chan struct{}
+
+	pathChecks     chan struct{}      // closed when the start-up path checks end (pathcheck.go)
+	stopPathChecks context.CancelFunc // cancels them
 
 	fleet *fleet // the redis state, nil for memory
 }

@@ -24,6 +24,8 @@ type routeMetrics struct {
 	probes    *prometheus.CounterVec
 	queueWait *prometheus.HistogramVec
 	resumes   *prometheus.CounterVec // resume.go
+	refusals  *prometheus.CounterVec // errors.go
+	byReason  map[string]prometheus.Counter
 	state     stateCollector
 	vis       visibilityMetrics // usage.go
 }
@@ -48,10 +50,29 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_stream_resumes_total",
 				Help: "Broken streams of models with resume on, by how the continuation ended. result: ok, diverged, failed.",
 			}, []string{"model", "result"}),
+			refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_rejected_total",
+				Help: "Requests the proxy refused itself, by reason: invalid_api_key, model_not_allowed, rate_limited, budget, unknown_model, bad_request, too_large, context_too_long, unsupported_endpoint, method, cors, api_not_served, busy, cooling, queue_full, queue_timeout, all_failed, upstream_auth, upstream_not_found, other.",
+			}, []string{"reason"}),
 			vis: newVisibilityMetrics(),
 		}
+		// Every reason's series exists from the start (at 0), so that a
+		// rate over it is defined before the first refusal.
+		metrics.byReason = make(map[string]prometheus.Counter)
+		for _, reason := range refusalReasons {
+			metrics.byReason[reason] = metrics.refusals.WithLabelValues(reason)
+		}
+		metrics.byReason["other"] = metrics.refusals.WithLabelValues("other")
 	})
 	return metrics
+}
+
+// rejected is the llm_proxy_rejected_total series of a reason.
+func (m *routeMetrics) rejected(reason string) prometheus.Counter {
+	if c := m.byReason[reason]; c != nil {
+		return c
+	}
+	return m.refusals.WithLabelValues(reason)
 }
 
 // register adds the collectors to a config's registry; a collector already
@@ -60,7 +81,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.state, providerCollector{}, stateErrors}, m.vis.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.state, providerCollector{}, stateErrors}, m.vis.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

@@ -42,6 +42,7 @@ type upstream struct {
 	id, provider, model string
 	idAny, providerAny  any // id and provider boxed once, for placeholders
 
+	base       string                 // the provider URL, no trailing slash
 	url        string                 // provider URL + /chat/completions
 	target     *url.URL               // url, parsed once
 	auth       string                 // the key header's value ("Bearer <key>" for bearer), or "" for none
@@ -333,6 +334,7 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		provider:    p.ID,
 		providerAny: p.ID,
 		model:       uc.Model,
+		base:        strings.TrimSuffix(p.URL, "/"),
 		url:         strings.TrimSuffix(p.URL, "/") + "/chat/completions",
 		auth:        conn.auth,
 		authHdr:     conn.authHdr,
@@ -528,6 +530,7 @@ func (h *Handler) Cleanup() error {
 		close(h.stopProber)
 		<-h.proberDone
 	}
+	h.stopChecks()
 	if h.transport != nil {
 		h.transport.CloseIdleConnections()
 	}
@@ -629,6 +632,7 @@ func (h *Handler) applySharedWhenStarted() {
 		registerHandler(h) // the admin API reports running configs only
 		h.startState()
 		sched.dispatch()
+		h.startPathChecks()
 	}
 	if h.events == nil {
 		apply() // no config to wait for (a bare test context)

@@ -23,24 +23,21 @@ import (
 // ServeHTTP answers the API paths (see front) and passes every other
 // request to the next handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	f, allow, id := classifyPath(r.URL.Path, false)
-	if f == frontNone && mountedPath(r) {
-		f, allow, id = classifyPath(r.URL.Path, true)
-	}
+	f, allow, id := classifyPath(r.URL.Path)
 	if f == frontNone {
-		return next.ServeHTTP(w, r)
+		return h.serveNext(w, r, next)
 	}
 	setRequestID(w, r)
 	if (h.corsAny || len(h.corsOrigins) > 0) && h.cors(w, r) {
 		return nil
 	}
 	if f == frontUnsupported {
-		errUnsupported.write(w)
+		h.refuse(w, r, f, errUnsupported)
 		return nil
 	}
 	if !methodAllowed(allow, r.Method) {
 		w.Header().Set("Allow", allow)
-		errMethod(allow).writeAs(w, f)
+		h.refuse(w, r, f, errMethod(allow))
 		return nil
 	}
 	var key *clientKey
@@ -57,7 +54,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return h.serveModels(w)
 	case frontModel:
-		return h.serveModel(w, id)
+		return h.serveModel(w, r, id)
 	case frontCountTokens:
 		return h.serveCountTokens(w, r, key)
 	}
@@ -86,37 +83,37 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	defer putBuffer(bodyBuf)
 	body, apiErr := readBody(r, h.maxBody, bodyBuf)
 	if apiErr != nil {
-		apiErr.writeAs(w, f)
+		h.refuse(w, r, f, *apiErr)
 		return nil
 	}
 	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys)
 	if err != nil {
 		switch {
 		case errors.Is(err, transform.ErrNoModel):
-			errNoModel.writeAs(w, f)
+			h.refuse(w, r, f, errNoModel)
 		case errors.Is(err, transform.ErrDuplicateKey):
-			errDuplicateKey.writeAs(w, f)
+			h.refuse(w, r, f, errDuplicateKey)
 		default:
-			errBadJSON.writeAs(w, f)
+			h.refuse(w, r, f, errBadJSON)
 		}
 		return nil
 	}
 	fr := frontReq{f: f, api: frontAPI(f), stream: stream, arrival: arrival}
 	rt := h.routes[model]
 	if rt == nil {
-		errUnknownModel(model).writeAs(w, f)
+		h.refuse(w, r, f, errUnknownModel(model), clientModel(model))
 		return nil
 	}
 	// Only the upstreams that can serve the front's API take part.
 	if rt = h.apiRoutes[fr.api][model]; rt == nil {
-		errNoAPI(model, fr.api).writeAs(w, f)
+		h.refuse(w, r, f, errNoAPI(model, fr.api), zap.String("model", model))
 		return nil
 	}
 	fr.resume = rt.resume && stream
 	if dups&rt.dupKeys != 0 {
 		// A key this model's patches write appears twice: the upstream might
 		// read the client's copy instead of the patched one.
-		errDuplicateKey.writeAs(w, f)
+		h.refuse(w, r, f, errDuplicateKey, zap.String("model", rt.name))
 		return nil
 	}
 	if rt.sized() {
@@ -126,7 +123,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		fit := rt.fitting(est)
 		if fit == nil {
 			h.setSkipped(w, rt.noneFits(), nil, time.Now())
-			errContextTooLong(est.prompt+est.output).writeAs(w, f)
+			h.refuse(w, r, f, errContextTooLong(est.prompt+est.output), zap.String("model", rt.name))
 			return nil
 		}
 		rt = fit
@@ -156,12 +153,12 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		if apiErr.status == http.StatusServiceUnavailable {
 			h.setSkipped(w, rt, nil, time.Now())
 		}
-		apiErr.writeAs(w, f)
+		h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
 		return nil
 	}
 	if kr != nil {
 		if idx, apiErr = h.reserveAttempt(kr, rt, idx); apiErr != nil {
-			apiErr.writeAs(w, f)
+			h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
 			return nil
 		}
 	}
@@ -206,7 +203,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		}
 		if ok && kr != nil {
 			if next, apiErr = h.reserveAttempt(kr, rt, next); apiErr != nil {
-				apiErr.writeAs(w, f)
+				h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
 				return nil
 			}
 		}
@@ -224,7 +221,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 				// No upstream answered this one either.
 				w.Header().Del(hdrRouteUpstream)
 			}
-			e.writeAs(w, f)
+			h.refuse(w, r, f, e, zap.String("model", rt.name))
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {
@@ -236,16 +233,21 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 }
 
 // allFailed is the answer when no upstream is left: 502 when every attempt
-// was refused for the operator's credentials (401/403: retrying cannot
-// help), else 503 with Retry-After saying when the first upstream leaves the
-// cooling these very failures may have started, at least 1 s.
+// was refused for the operator's credentials (401/403) or every upstream
+// lacked the endpoint or model (404/405) — retrying cannot help — else 503
+// with Retry-After saying when the first upstream leaves the cooling these
+// very failures may have started, at least 1 s.
 func (h *Handler) allFailed(rt *route, failures []attemptRecord) apiError {
-	auth := true
+	auth, notFound := true, true
 	for _, f := range failures {
 		auth = auth && f.result == resultAuthErr
+		notFound = notFound && notFoundStatus(f.status)
 	}
-	if auth {
+	switch {
+	case auth:
 		return errUpstreamAuth
+	case notFound:
+		return errUpstreamNotFound
 	}
 	e := errAllFailed
 	if soonest, allCooling := soonestBack(rt, time.Now()); allCooling {
@@ -365,9 +367,9 @@ func (h *Handler) serveModels(w http.ResponseWriter) error {
 }
 
 // serveModel answers GET …/models/{name}.
-func (h *Handler) serveModel(w http.ResponseWriter, name string) error {
+func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, name string) error {
 	if h.routes[name] == nil {
-		errUnknownModel(name).write(w)
+		h.refuse(w, r, frontModel, errUnknownModel(name), clientModel(name))
 		return nil
 	}
 	writeJSON(w, http.StatusOK, appendModelObject(nil, name, h.created))

@@ -70,6 +70,13 @@ func (u *fakeUpstream) close() { _ = u.srv.Close() }
 // request header, echoing the received model in X-Echo-Model.
 func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
+	if r.Method == http.MethodGet && path == "/v1/models" {
+		// The handler's start-up check of the provider url.
+		h := w.Header()
+		h["Content-Type"] = ctJSON
+		_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
+		return
+	}
 	if r.Method != http.MethodPost || path != "/v1/chat/completions" && path != "/v1/messages" && path != "/v1/responses" {
 		http.Error(w, "fake upstream: only POST /v1/chat/completions, /v1/messages, /v1/responses", http.StatusNotFound)
 		return
