@@ -136,6 +136,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		if kr = h.admitKey(w, r, f, key, rt, body); kr == nil {
 			return nil
 		}
+		rt = kr.rt // only the upstreams its budget has room for
 		defer kr.release() // a reservation an aborted attempt left
 	}
 	if fr.api != apiChat {
