@@ -159,3 +159,25 @@ func (p *proxy) goKeyChat(ctx context.Context, body string) <-chan result {
 	}()
 	return ch
 }
+
+// TestBudgetRefusalTokens: the same for tokens_per_day: the worst case in
+// tokens, what is left, the max_tokens that fits.
+func TestBudgetRefusalTokens(t *testing.T) {
+	up := newUpstream(t, completion("ok"))
+	h := basicConfig(up, 0)
+	h["keys"] = []any{obj("id", "team", "secret", secretTeam, "tokens_per_day", 1000)}
+	p := startProxy(t, h)
+	// 57 bytes: 15 prompt tokens; 4096 output tokens; 1000 - 15 - 8 = 977.
+	msg := expectAPIError(t, p.chat(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "Authorization", "Bearer "+secretTeam),
+		http.StatusTooManyRequests, "insufficient_quota")
+	for _, want := range []string{"tokens_per_day", "is 4111 tokens (15 prompt tokens and 4096 output tokens", "1000 of the 1000 tokens_per_day is left",
+		"max_tokens of at most 977"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("refusal lacks %q: %s", want, msg)
+		}
+	}
+	ok := p.chat(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":977}`, "Authorization", "Bearer "+secretTeam)
+	if b := readAll(t, ok); ok.StatusCode != http.StatusOK {
+		t.Fatalf("max_tokens 977: %d %s", ok.StatusCode, b)
+	}
+}
