@@ -7,7 +7,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute"
 )
 
-// key parses a client key (SPEC §16):
+// key parses a client key:
 //
 //	key <id> {
 //	    secret          <secret or placeholder>

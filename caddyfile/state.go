@@ -4,7 +4,8 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute"
 )
 
-// state parses `state memory` or `state redis { … }` (SPEC §17).
+// state parses `state memory` or `state redis { … }`: where the shared
+// accounting lives (this process, or a Redis every instance shares).
 func (p *parser) state() error {
 	d := p.d
 	const where = "state: "

@@ -1,6 +1,6 @@
 package integration
 
-// SPEC §14 status details (last failure class, last probe, oldest queue
+// Status details (last failure class, last probe, oldest queue
 // wait) and explain's "API not served" verdict, with the routing rule it
 // reports: a front's request only goes to upstreams that can serve its API.
 

@@ -222,7 +222,7 @@ func startVisibility(t *testing.T, next ...func(*proxy) any) *visibility {
 	return v
 }
 
-// TestAdminStatusReflectsLiveState checks every field SPEC §14/§18 names
+// TestAdminStatusReflectsLiveState checks every field the status answer documents
 // against slots, backoffs and holds made by real requests.
 func TestAdminStatusReflectsLiveState(t *testing.T) {
 	v := startVisibility(t)

@@ -1,7 +1,7 @@
 package integration
 
 // Issue #13: the status page in a real browser. Headless Chromium (Debian
-// package `chromium`, installed by .ci/run) opens /llm_route/ on Caddy's
+// package `chromium`, installed by ./test.sh) opens /llm_route/ on Caddy's
 // admin listener while one upstream's only slot is held and others cool,
 // and the test reads the rendered DOM: rows, slot counts, countdowns, and
 // the change after the slot is released, without a reload.
@@ -46,7 +46,7 @@ func chromiumPath(t *testing.T) string {
 			return c
 		}
 	}
-	t.Fatal("no Chromium found (install the Debian package `chromium`, set LLMROUTE_CHROMIUM, " +
+	t.Fatal("no Chromium found (./test.sh installs the Debian package `chromium`; or set LLMROUTE_CHROMIUM, " +
 		"or set LLMROUTE_NO_BROWSER=1 to skip this test on purpose)")
 	return ""
 }

@@ -1,7 +1,7 @@
 package integration
 
 // Issue 14 item 4: provider capacity, a provider-wide in-flight bound over
-// all its upstreams and models (SPEC §15).
+// all its upstreams and models.
 
 import (
 	"context"

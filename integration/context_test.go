@@ -1,6 +1,6 @@
 package integration
 
-// Issue #14 items 2 and 3 (SPEC §15): context-length refusals fail over
+// Issue #14 items 2 and 3: context-length refusals fail over
 // without blame, context_window skips upstreams up front, long-context
 // requests hold a provider's long slot.
 

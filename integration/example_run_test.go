@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -38,7 +39,7 @@ func TestExampleQuickStart(t *testing.T) {
 		admin:   fmt.Sprintf("http://127.0.0.1:%d", adminPort),
 		logPath: filepath.Join(t.TempDir(), "caddy.log")}
 	cfgJSON = replaceEach(t, cfgJSON,
-		`"listen":[":8100"]`, fmt.Sprintf(`"listen":["127.0.0.1:%d"]`, port),
+		`"listen":["127.0.0.1:8100"]`, fmt.Sprintf(`"listen":["127.0.0.1:%d"]`, port),
 		`"listen":["127.0.0.1:8101"]`, fmt.Sprintf(`"listen":["127.0.0.1:%d"]`, demoPort),
 		`"url":"http://127.0.0.1:8101/v1"`, fmt.Sprintf(`"url":"http://127.0.0.1:%d/v1"`, demoPort),
 		`"listen":"localhost:2019"`, fmt.Sprintf(`"listen":"127.0.0.1:%d"`, adminPort),
@@ -412,5 +413,40 @@ func checkQuickStartMetrics(t *testing.T, p *proxy, c quickStartCommand, chat st
 	})
 	if v := value(out, "llm_proxy_upstream_cooling_seconds", "upstream", "demo", "provider", "demo"); v > 0 {
 		t.Errorf("demo cooling = %v in\n%s", v, out)
+	}
+}
+
+// TestExampleListensOnLoopbackOnly: Caddyfile.example has no client keys and
+// reads a cloud key from the environment, so a site reachable from other
+// machines would relay anyone's requests on that key. Every address it
+// listens on must be loopback.
+func TestExampleListensOnLoopbackOnly(t *testing.T) {
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Listen []string `json:"listen"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal([]byte(exampleConfig(t)), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for name, srv := range cfg.Apps.HTTP.Servers {
+		for _, addr := range srv.Listen {
+			n++
+			na, err := caddy.ParseNetworkAddress(addr)
+			if err != nil {
+				t.Fatalf("server %s: listen %q: %v", name, addr, err)
+			}
+			if ip := net.ParseIP(na.Host); na.Host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+				t.Errorf("server %s listens on %q: not loopback (Caddyfile.example has no client keys)", name, addr)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("Caddyfile.example listens nowhere")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -12,12 +13,21 @@ import (
 )
 
 // TestExamples adapts every shipped Caddyfile example and provisions every
-// example config (without starting servers), so the docs cannot rot.
+// example config (without starting servers), so the docs cannot rot. The
+// environment variables an example reads ({env.NAME}: provider keys,
+// client-key secrets) are set to a distinct value each, as a user would
+// set them before starting it.
 func TestExamples(t *testing.T) {
 	files, _ := filepath.Glob("../examples/*")
 	files = append(files, "../Caddyfile.example")
+	envRef := regexp.MustCompile(`\{env\.([A-Za-z0-9_]+)\}`)
 	n := 0
 	for _, f := range files {
+		if src, err := os.ReadFile(f); err == nil {
+			for _, m := range envRef.FindAllStringSubmatch(string(src), -1) {
+				t.Setenv(m[1], "example-value-of-"+m[1])
+			}
+		}
 		var cfgJSON []byte
 		switch {
 		case strings.HasPrefix(filepath.Base(f), "grafana-"):

@@ -1,6 +1,6 @@
 package integration
 
-// Issue 16, the session registry shared through Redis (SPEC §5, §17): with
+// Issue 16, the session registry shared through Redis: with
 // the redis state, a conversation's session id is the same whichever
 // instance serves its next turn.
 

@@ -1,6 +1,6 @@
 package integration
 
-// Issue 16: shared state across Caddy instances through Redis (SPEC §17).
+// Issue 16: shared state across Caddy instances through Redis.
 // These tests run a real redis-server and real Caddy processes (the load
 // benchmark's binary: Caddy's standard main with this module), so that two
 // instances share nothing but Redis.
@@ -32,11 +32,11 @@ type redisServer struct {
 }
 
 // startRedis starts redis-server. Missing, it fails the test (it does not
-// skip): .ci/run installs Debian's redis-server.
+// skip): ./test.sh installs Debian's redis-server.
 func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatal("redis-server is not installed (apt-get install redis-server; .ci/run does it)")
+		t.Fatal("redis-server is not installed (./test.sh installs it, or apt-get install redis-server)")
 	}
 	r := &redisServer{t: t, port: freePort(t), dir: t.TempDir()}
 	r.addr = fmt.Sprintf("127.0.0.1:%d", r.port)

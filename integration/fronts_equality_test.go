@@ -237,8 +237,8 @@ func TestMessagesSDKEquality(t *testing.T) {
 	expectSame(t, "translated stream vs native", tStream, nPlain, "id")
 	expectSame(t, "translated stream vs translated non-stream", tStream, tPlain, "id")
 
-	// The translated id is the chat completion's id under msg_ (SPEC is
-	// silent; wire/anthropic derives it so that a log line of the upstream
+	// The translated id is the chat completion's id under msg_ (our
+	// choice; wire/anthropic derives it so that a log line of the upstream
 	// and the client's message id correlate): chatcmpl-eq and the stream's
 	// chatcmpl-9 here.
 	if tPlain.ID != "msg_eq" || tStream.ID != "msg_9" {

@@ -135,7 +135,7 @@ func expectFrontError(t *testing.T, fr frontRequest, resp *http.Response, status
 	return resp.Header.Get("Retry-After")
 }
 
-// TestKeysRefusalsEveryFront: each refusal of SPEC §16 through a real HTTP
+// TestKeysRefusalsEveryFront: each client-key refusal through a real HTTP
 // client on every front, in that front's error shape, with Retry-After
 // where it applies; a good key is served and its secret never reaches the
 // upstream.

@@ -396,7 +396,7 @@ func TestAPIPaths(t *testing.T) {
 	p.next = []any{obj("handler", "static_response", "status_code", 418, "body", "next handler")}
 	p.load(basicConfig(up, 0))
 
-	// The §13 fronts (/v1/messages, /v1/responses, …) are served: see fronts_test.go.
+	// The other fronts (/v1/messages, /v1/responses, …) are served: see fronts_test.go.
 	for _, path := range []string{"/v1/foo", "/v1/", "/openai/v1/nope", "/v1/messages/nope"} {
 		expectAPIError(t, p.do(http.MethodPost, path, `{"model":"m"}`), http.StatusNotFound, "unsupported_endpoint")
 	}

@@ -495,8 +495,8 @@ func TestOtherPathsFallThrough(t *testing.T) {
 	p.next = []any{obj("handler", "static_response", "status_code", 418, "body", "next handler")}
 	p.load(basicConfig(up, 0))
 
-	// Only paths under an API root ending in /v1 are the handler's (SPEC
-	// §12); the rest, API-looking or not, belong to the next handler.
+	// Only paths under an API root ending in /v1 are the handler's;
+	// the rest, API-looking or not, belong to the next handler.
 	for _, tc := range []struct{ method, path string }{
 		{http.MethodGet, "/healthz"},
 		{http.MethodGet, "/"},

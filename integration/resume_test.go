@@ -1,6 +1,6 @@
 package integration
 
-// Mid-stream continuation (SPEC §15, model resume): a stream that breaks
+// Mid-stream continuation (model resume): a stream that breaks
 // after the client got part of the answer is finished by another upstream,
 // and the client sees one well-formed stream.
 

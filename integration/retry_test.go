@@ -1,6 +1,6 @@
 package integration
 
-// Issue #14 items 1 and 6 (SPEC §15): same-upstream retries, Retry-After
+// Issue #14 items 1 and 6: same-upstream retries, Retry-After
 // waits, the stream_idle_timeout default. Fake upstreams misbehave the way
 // real ones do: a 429 with Retry-After, a single 500, a reset connection.
 
@@ -312,7 +312,7 @@ func TestRetryNeverOnFirstByteTimeout(t *testing.T) {
 }
 
 // TestStreamIdleTimeoutDefault: without a setting, the effective
-// stream_idle_timeout in the start-up summary is 30s (SPEC §15).
+// stream_idle_timeout in the start-up summary is 30s.
 func TestStreamIdleTimeoutDefault(t *testing.T) {
 	up := newUpstream(t, nil)
 	p := startProxy(t, cfg(

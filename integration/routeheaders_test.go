@@ -1,6 +1,6 @@
 package integration
 
-// Issue 13 item 2 (SPEC §14): X-LLM-Route-* headers, x-request-id on the
+// Issue 13 item 2: X-LLM-Route-* headers, x-request-id on the
 // proxy's answers, "param": null in its error bodies.
 
 import (

@@ -608,7 +608,7 @@ func TestProberBringsUpstreamBack(t *testing.T) {
 	if len(calls) != 3+3+1 {
 		t.Fatalf("calls = %d, want 3 requests, 3 probes, 1 request", len(calls))
 	}
-	// SPEC §3's probe with provider and upstream patches, not the model's.
+	// The probe, with provider and upstream patches, not the model's.
 	const wantProbe = `{"model":"real-x","messages":[{"role":"user","content":"2+2=?"}],"max_tokens":4,"stream":true,"provider":{"order":["a"]},"temperature":0}`
 	for _, c := range calls[3:6] {
 		if string(c.Body) != wantProbe {

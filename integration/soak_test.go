@@ -79,7 +79,7 @@ const soakEnvKey = "sk-soak-env-key-a-5e1d"
 // soakKeys are every provider key of the soak, to look for in the logs.
 var soakKeys = []string{soakEnvKey, "sk-soak-secret-b-93c2", "sk-soak-secret-c-0a7f", "sk-soak-secret-d-71be"}
 
-// soakClientKey is the client key every soak request sends (SPEC §16): a
+// soakClientKey is the client key every soak request sends: a
 // budget too large to refuse, so every attempt reserves and settles under
 // faults, cancels and reloads; it must never reach the log.
 const soakClientKey = "llmr-soak-client-6f3a"

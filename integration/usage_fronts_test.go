@@ -1,6 +1,6 @@
 package integration
 
-// SPEC §14: llm_proxy_tokens_total counts the usage the upstream reports on
+// llm_proxy_tokens_total counts the usage the upstream reports on
 // every front, native or translated, stream or not, with one meaning of
 // "input" (every prompt token, cached ones included).
 

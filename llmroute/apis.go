@@ -5,7 +5,7 @@ import (
 	"net/http"
 )
 
-// api is a wire API an upstream may serve natively (SPEC §13).
+// api is a wire API an upstream may serve natively.
 type api uint8
 
 const (

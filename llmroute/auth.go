@@ -20,7 +20,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
 
-// ClientKey is a key clients present to use the handler (SPEC §16). With
+// ClientKey is a key clients present to use the handler. With
 // any key configured, every API request needs one.
 type ClientKey struct {
 	// ID labels the key in logs, metrics and the status API; it is never
@@ -216,7 +216,7 @@ func globMatch(pattern, name string) bool {
 	return false
 }
 
-// Refusals of client keys (SPEC §16).
+// Refusals of client keys.
 var (
 	errInvalidKey = apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key",
 		message: "missing or unknown API key; send it as Authorization: Bearer <key> or x-api-key"}

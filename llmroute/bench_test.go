@@ -47,8 +47,8 @@ func BenchmarkClaimRelease(b *testing.B) {
 	}
 }
 
-// newBenchHandler provisions a Handler with a bare Caddy context (STYLE.md
-// §1.14 "Unit level") in front of upstream.
+// newBenchHandler provisions a Handler with a bare Caddy context (a unit-level
+// test needs no server) in front of upstream.
 func newBenchHandler(tb testing.TB, upstream string) *Handler {
 	tb.Helper()
 	raw := `{

@@ -19,7 +19,7 @@ import (
 )
 
 // defaultOutputReserve is the output a request without max_tokens is
-// assumed to produce when its worst case is reserved (SPEC §16).
+// assumed to produce when its worst case is reserved.
 const defaultOutputReserve = 4096
 
 // prices are an upstream's prices in nano-USD per token (USD per million
@@ -37,7 +37,7 @@ func compilePrices(u Upstream) prices {
 	return p
 }
 
-// cost prices a usage: cached input is inside input (SPEC §16).
+// cost prices a usage: cached input is inside input.
 func (p prices) cost(input, cached, output int64) keys.NanoUSD {
 	cached = min(cached, input)
 	return keys.NanoUSD(math.Ceil(float64(input-cached)*p.input + float64(cached)*p.cached + float64(output)*p.output))
@@ -79,8 +79,8 @@ func (kr *keyReq) worstCase(u *upstream) keys.Amount {
 // English text, and JSON's keys and quotes only add bytes).
 func estimateInput(body []byte) int64 { return int64(len(body)+3) / 4 }
 
-// admitKey runs the key's checks for a generation request to rt, in SPEC
-// §16's order after authentication: model allowed (403), request rate (429
+// admitKey runs the key's checks for a generation request to rt, in the
+// documented order after authentication: model allowed (403), request rate (429
 // rate_limit_exceeded), then whether the budget leaves room for the worst
 // case on at least one of the model's upstreams (429 insufficient_quota).
 // The request then goes only to the upstreams its budget has room for
@@ -166,7 +166,7 @@ func (h *Handler) budgetFit(kr *keyReq, rt *route, now time.Time) (*route, keys.
 // whose slot the caller holds. When the budget has no room for it (a
 // concurrent request of the key reserved in the meantime), the slot is
 // given back and the next upstream of the model is claimed instead, so a
-// cheaper one further down may serve (SPEC §16). It returns the index
+// cheaper one further down may serve. It returns the index
 // reserved on, or the refusal to answer when none is left.
 func (h *Handler) reserveAttempt(kr *keyReq, rt *route, idx int) (int, *apiError) {
 	if kr.k.budget.Empty() {
@@ -358,7 +358,7 @@ func (kr *keyReq) served(result string) {
 // tokenTypes are the type labels of llm_proxy_key_tokens_total.
 var tokenTypes = [4]string{"input", "output", "cached_input", "reasoning"}
 
-// keyMetrics are the per-key series (SPEC §16). Like the other
+// keyMetrics are the per-key series. Like the other
 // collectors they are process-wide, so counters survive reloads.
 var keyMetrics = struct {
 	requests *prometheus.CounterVec

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Provider capacity (SPEC §15): a provider-wide bound on in-flight requests
+// Provider capacity: a provider-wide bound on in-flight requests
 // over all its upstreams and models, on top of each upstream's own limit.
 // Its state is keyed by provider id in a pool, like the upstream slots, so a
 // reload keeps it exact: an upstream renamed on the same provider still

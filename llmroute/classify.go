@@ -13,7 +13,7 @@ import (
 )
 
 // failoverStatus reports statuses that count as upstream failures. 401 and
-// 403 are among them (SPEC §12): the client's credentials never go
+// 403 are among them: the client's credentials never go
 // upstream, so a refusal is about the operator's key, and another upstream
 // may well take the request.
 func failoverStatus(code int) bool {

@@ -36,7 +36,7 @@ type Provider struct {
 	MaxConcurrency int `json:"max_concurrency,omitempty"`
 
 	// Capacity bounds the in-flight requests over all of this provider's
-	// upstreams and models together (SPEC §15), on top of each upstream's
+	// upstreams and models together, on top of each upstream's
 	// own limit: two models on one local GPU share it. A request claims its
 	// upstream slot and a unit of capacity together; none free means the
 	// next upstream or the queue. 0 or absent means no bound.
@@ -80,8 +80,8 @@ type Provider struct {
 	// message has no reasoning text at all. Default false (no field).
 	ReasoningEmptyOK bool `json:"reasoning_empty_ok,omitempty"`
 
-	// APIs are the wire APIs this provider's upstreams serve natively (SPEC
-	// §13), from `chat`, `messages`, `responses`, `embeddings` and
+	// APIs are the wire APIs this provider's upstreams serve natively,
+	// from `chat`, `messages`, `responses`, `embeddings` and
 	// `completions`. Default `["chat"]`. A Messages or Responses request to
 	// an upstream without its API is translated to chat; an embeddings or
 	// completions request skips such an upstream.
@@ -109,7 +109,7 @@ type Provider struct {
 	FirstByteTimeout *Duration `json:"first_byte_timeout,omitempty"`
 
 	// StreamIdleTimeout is how long a stream may stay silent after its first
-	// byte before the attempt counts as failed. Default 30s (SPEC §15: a
+	// byte before the attempt counts as failed. Default 30s (a
 	// stalled stream is cut, and another upstream can answer, in half a
 	// minute); 0 disables.
 	StreamIdleTimeout *Duration `json:"stream_idle_timeout,omitempty"`
@@ -241,7 +241,7 @@ type Model struct {
 
 	// Resume, "on", continues a chat stream that breaks after bytes reached
 	// the client (cut, stall, request timeout) on the next free upstream of
-	// the model, so the client sees one stream (SPEC §15). Default: "off".
+	// the model, so the client sees one stream. Default: "off".
 	Resume string `json:"resume,omitempty"`
 }
 

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// Context length (SPEC §15): an upstream that refuses a prompt as too long
+// Context length: an upstream that refuses a prompt as too long
 // is not broken, and a bigger upstream later in the model's list may well
 // take it. So such a refusal fails over without recording a failure, and
 // when no upstream is left the client gets the refusal itself, unchanged:

@@ -14,7 +14,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
 
-// serveCountTokens answers POST …/messages/count_tokens (SPEC §13). It takes
+// serveCountTokens answers POST …/messages/count_tokens. It takes
 // no generation slot and never goes to an upstream without native Messages
 // (a paid chat fallback would be sent the whole prompt for nothing): the
 // first non-cooling native one answers, passed through; when there is none,

@@ -44,7 +44,7 @@
 //   - admin.go     admin.api.llm_route: /llm_route/status, explain, the page
 //     (admin_page.html/.js/.css, embedded)
 //   - cli/         `caddy llm-route status|explain`, over the admin API
-//   - auth.go      client keys (SPEC §16): config, authentication on every
+//   - auth.go      client keys: config, authentication on every
 //     front, model lists, refusals, per-key status
 //   - budget.go    per-attempt budget reservation and settlement, prices,
 //     per-key metrics

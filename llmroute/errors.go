@@ -23,7 +23,7 @@ var (
 	errNoModel      = apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "missing_model", message: "request body has no \"model\" string"}
 	errReadBody     = apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error", message: "could not read the request body"}
 	errDuplicateKey = apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "duplicate_key", message: "request body repeats a top-level key the proxy reads or writes (model, stream, messages or a patched key)"}
-	// Every 503 carries Retry-After (SPEC §12): busy and a full queue say
+	// Every 503 carries Retry-After: busy and a full queue say
 	// 1 s, cooling and failures say when the first upstream comes back.
 	errAllBusy      = apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "all_upstreams_busy", message: "all upstreams busy", retryAfter: 1}
 	errAllFailed    = apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "all_upstreams_failed", message: "all upstreams failed", retryAfter: 1}

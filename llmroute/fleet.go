@@ -20,7 +20,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/redisstate"
 )
 
-// Shared state across instances (SPEC §17). The memory backend is the
+// Shared state across instances. The memory backend is the
 // pooled state of state.go and capacity.go, as it always was; the redis
 // backend sits in front of it: every claim is taken locally first (this
 // instance alone never exceeds a limit either) and then fleet-wide in Redis,

@@ -8,8 +8,8 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
 )
 
-// fleetKeys is the key store of a handler on the redis state (SPEC §16,
-// §17): rates and budgets live in Redis, one script a call, each call
+// fleetKeys is the key store of a handler on the redis state:
+// rates and budgets live in Redis, one script a call, each call
 // bounded by the state timeout. While Redis is unreachable, or when a call
 // fails, on_state_error decides: local answers from this process's memory
 // store (the same limits, counted here only; the error is counted), reject

@@ -14,7 +14,7 @@ import (
 )
 
 // front is the kind of API endpoint a request path names. A path is the
-// handler's only under an API root (SPEC §12): a prefix ending in `/v1`
+// handler's only under an API root: a prefix ending in `/v1`
 // (`/v1`, `/openai/v1`), or the handler's own mount when a path matcher
 // stripped its prefix (`handle_path /llm/*` makes `/llm/chat/completions`
 // arrive as `/chat/completions`). Every other path goes to the next
@@ -27,7 +27,7 @@ const (
 	frontChat                     // POST …/chat/completions
 	frontModels                   // GET …/models
 	frontModel                    // GET …/models/{id}
-	// The SPEC §13 fronts, recognised so that they answer
+	// The other fronts, recognised so that they answer
 	// unsupported_endpoint (not the next handler) until they are served.
 	frontMessages
 	frontCountTokens
@@ -100,7 +100,7 @@ func mountedPath(r *http.Request) bool {
 	return len(op) > len(r.URL.Path) && strings.HasSuffix(op, r.URL.Path)
 }
 
-// CORS (SPEC §12): what a preflight answer allows. Beyond the four headers
+// CORS: what a preflight answer allows. Beyond the four headers
 // the spec names, the preflight also allows the headers the browser asks for
 // (Access-Control-Request-Headers): browser SDKs send more (openai-node its
 // x-stainless-* telemetry, anthropic's SDK
@@ -164,7 +164,7 @@ func (h *Handler) corsAllows(origin string) bool {
 
 // provisionRequests resolves the request-side options: CORS origins, the
 // rewrite bound, each provider's forward_headers, and the keys whose
-// duplicates a request may not carry (SPEC §12: the keys any of a route's
+// duplicates a request may not carry (the keys any of a route's
 // patches write; model, stream and messages are always checked).
 func (h *Handler) provisionRequests() error {
 	for _, o := range h.CORS {

@@ -53,8 +53,8 @@ func errNoAPI(model string, a api) apiError {
 		message: "no upstream of model " + strconv.Quote(model) + " serves " + a.String(), retryAfter: 1}
 }
 
-// clientSessionHeaders are the session ids clients send themselves (SPEC
-// §13), in the order they are looked for.
+// clientSessionHeaders are the session ids clients send themselves,
+// in the order they are looked for.
 var clientSessionHeaders = []string{"X-Claude-Code-Session-Id", "Session-Id", "Session_id", "X-Session-Affinity", "X-Opencode-Session"}
 
 // clientSession is the client's own session id, "" when it sent none.
@@ -187,7 +187,7 @@ func (ex *exchange) buildBody(body []byte) (out []byte, ep endpoint, errBody []b
 			src = anthropic.StripBillingBlock(make([]byte, 0, len(body)), body)
 		}
 		edit := ex.t.edit
-		edit.ReasoningField, edit.ReasoningEmptyOK = "", false // the backfill is chat's (§7)
+		edit.ReasoningField, edit.ReasoningEmptyOK = "", false // the reasoning backfill is chat's
 		out, err := transform.RewriteRequest(make([]byte, 0, len(src)+512), src, &edit)
 		if err != nil {
 			return nil, epChat, nil, http.StatusBadRequest
@@ -226,7 +226,7 @@ func (ex *exchange) buildBody(body []byte) (out []byte, ep endpoint, errBody []b
 
 // sessionID is the value of the upstream's session header: the client's own
 // session id, else Codex's prompt_cache_key, else the hash of the front's
-// history (SPEC §5, §13).
+// history.
 func (ex *exchange) sessionID(body, out []byte) string {
 	if ex.fr.session != "" {
 		return ex.fr.session

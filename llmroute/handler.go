@@ -99,7 +99,7 @@ type Handler struct {
 	// `X-LLM-Route-Skipped` (why each upstream was passed over) to the
 	// proxy's own 503s. Default true; false removes them.
 	RouteHeaders *bool `json:"route_headers,omitempty"`
-	// Keys are the client keys (SPEC §16). Default: none, and the API is
+	// Keys are the client keys. Default: none, and the API is
 	// open to anyone who reaches it. With any key configured, every API
 	// request needs one: a missing or unknown key is 401, a model outside
 	// the key's models 403, a key over its rate or budget 429.
@@ -110,8 +110,8 @@ type Handler struct {
 	// whose provider has none free is passed over (next upstream, or the
 	// queue). Default 0: no request is long-context.
 	LongContextThreshold int `json:"long_context_threshold,omitempty"`
-	// State is where slot, capacity and backoff accounting lives (SPEC
-	// §17): `{"backend":"memory"}` (the default: this process only) or
+	// State is where slot, capacity and backoff accounting lives:
+	// `{"backend":"memory"}` (the default: this process only) or
 	// `{"backend":"redis",…}`, shared by every instance using the same
 	// Redis and prefix.
 	State *StateConfig `json:"state,omitempty"`

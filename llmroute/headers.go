@@ -88,7 +88,7 @@ func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstr
 }
 
 // forwardable reports whether a client request header (canonical name) may
-// go upstream. It is an allow-list (SPEC §12): content negotiation, the
+// go upstream. It is an allow-list: content negotiation, the
 // client's identity and the API-version selectors SDKs send, plus the
 // provider's forward_headers. Everything else stays behind — credentials
 // (Authorization, X-Api-Key, X-Goog-Api-Key, X-Auth-Token, cookies), billing

@@ -6,7 +6,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
-// Long-context admission (SPEC §15, seed 004): a request whose estimated
+// Long-context admission (seed 004): a request whose estimated
 // prompt is above the handler's long_context_threshold is expensive for the
 // server that runs it (KV cache, prefill time), so a provider can bound how
 // many of them it serves at once with long_context_capacity. Such a

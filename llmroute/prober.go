@@ -15,7 +15,7 @@ import (
 )
 
 // The prober brings cooling upstreams back early: for each upstream in
-// backoff, every probe_interval, it sends SPEC §3's tiny streaming request
+// backoff, every probe_interval, it sends the tiny streaming request
 // (provider and upstream patches applied) outside the slot accounting. 2xx
 // plus a first body byte within first_byte_timeout ends the cooling at once;
 // an upstream that serves no chat is probed in an API it serves (probeFor);

@@ -22,7 +22,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
 
-// Defaults of SPEC §1/§3 and the handler options.
+// Defaults of the provider, upstream and handler options.
 const (
 	defaultRequestTimeout    = 5 * time.Minute
 	defaultMaxRequestBody    = 32 << 20
@@ -81,7 +81,7 @@ type upstream struct {
 	capacity int64          // the provider's capacity, unlimited when none
 
 	basePatch *transform.Patch // provider patch then upstream patch
-	probeBody []byte           // SPEC §3 probe, patches applied
+	probeBody []byte           // the probe request, patches applied
 	probeEP   endpoint         // where the probe goes: chat, else an API the upstream serves
 	reasoning string
 	emptyOK   bool
@@ -424,10 +424,10 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	return u, nil
 }
 
-// probeRequest is the tiny request of SPEC §3 sent to cooling upstreams.
+// probeRequest is the tiny request ("2+2=?", max_tokens 4, streamed) sent to cooling upstreams.
 var probeRequest = []byte(`{"model":"","messages":[{"role":"user","content":"2+2=?"}],"max_tokens":4,"stream":true}`)
 
-// probes are SPEC §3's probe in each wire API, in the order one is chosen:
+// probes are the probe request in each wire API, in the order one is chosen:
 // an upstream that does not serve chat is probed in an API it serves, at
 // that API's path (the patches apply: they are in the upstream's format).
 // Responses asks for 16 tokens, OpenAI's least max_output_tokens.

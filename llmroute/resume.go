@@ -16,7 +16,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/responses"
 )
 
-// Mid-stream continuation (SPEC §15, model `resume on`).
+// Mid-stream continuation (model `resume on`).
 //
 // A stream of a model with resume on gets a first stage in its sink chain,
 // followSink, which passes the chat events through whole and remembers what
@@ -180,7 +180,7 @@ func (c *continuation) notResumable(body []byte, fr *frontReq) string {
 }
 
 // fail ends a stream no upstream could finish: the error event of the
-// break (diverged included: SPEC §12's event), the metric, the log, then the
+// break (diverged included: the stream_interrupted error event), the metric, the log, then the
 // abort, as an attempt does for a cut stream.
 func (c *continuation) fail(model, to, why string) {
 	result := resumeFailed
@@ -226,7 +226,7 @@ func (h *Handler) continueOn(r *http.Request, rt *route, t *target, c *continuat
 		ce.Write(zap.String("model", rt.name), zap.String("from", c.from.id), zap.String("to", t.up.id),
 			zap.String("path", resumePath(prefill)), zap.Int("delivered_bytes", c.ex.follow.cr.Delivered()))
 	}
-	fr.attempts++ // counted, though the headers are out (SPEC §14)
+	fr.attempts++ // counted, though the headers are out
 	res, v = c.try(r, t, body, fr, prefill)
 	if v == contPrefillRejected {
 		if ce := h.logger.Check(zapcore.WarnLevel, "prefill rejected, replaying"); ce != nil {

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// Same-upstream retries (SPEC §15). An attempt's run on one upstream may
+// Same-upstream retries. An attempt's run on one upstream may
 // take several exchanges: a 5xx or a connection error before the first
 // byte is retried up to `retries` times after a short jittered pause, and a
 // 429/503 whose Retry-After is at most `retry_after_wait` is waited out

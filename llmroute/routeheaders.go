@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Response headers the proxy adds (SPEC §14, route_headers).
+// Response headers the proxy adds (route_headers).
 const (
 	hdrRouteUpstream = "X-Llm-Route-Upstream"
 	hdrRouteAttempts = "X-Llm-Route-Attempts"

@@ -239,7 +239,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 // allFailed is the answer when no upstream is left: 502 when every attempt
 // was refused for the operator's credentials (401/403: retrying cannot
 // help), else 503 with Retry-After saying when the first upstream leaves the
-// cooling these very failures may have started (SPEC §12), at least 1 s.
+// cooling these very failures may have started, at least 1 s.
 func (h *Handler) allFailed(rt *route, failures []attemptRecord) apiError {
 	auth := true
 	for _, f := range failures {

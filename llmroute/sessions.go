@@ -11,16 +11,16 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
-// sessionTTL is how long a conversation's id outlives its last turn (SPEC §5).
+// sessionTTL is how long a conversation's id outlives its last turn.
 const sessionTTL = 6 * time.Hour
 
-// sessions is the process-wide session registry of SPEC §5: LRU of 1000
+// sessions is the process-wide session registry: LRU of 1000
 // sessions, 6 h TTL. It is package-level so that a config reload keeps every
 // conversation's id.
 var sessions = &sessionRegistry{local: transform.NewSessions(1000, sessionTTL, time.Now)}
 
 // sessionRegistry names sessions from this process's registry, or with the
-// redis state from the one shared in Redis (SPEC §17), so that a session id
+// redis state from the one shared in Redis, so that a session id
 // stays the same whichever instance serves the next turn. Only requests
 // that compute a session header get here, so only they pay the round trip
 // (one script call, bounded by the state timeout).

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// StateConfig selects and configures the state backend (SPEC §17, §18).
+// StateConfig selects and configures the state backend.
 type StateConfig struct {
 	// Backend is `memory` (default: each process keeps its own accounting)
 	// or `redis` (upstream slots, provider capacity, backoff and Retry-After
@@ -56,7 +56,7 @@ type StateConfig struct {
 	OnStateError string `json:"on_state_error,omitempty"`
 }
 
-// Defaults of SPEC §17.
+// Defaults of the shared-state (redis) options.
 const (
 	defaultStateAddress = "127.0.0.1:6379"
 	defaultStatePrefix  = "llm_route:"

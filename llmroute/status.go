@@ -16,7 +16,7 @@ import (
 // mutex, the scheduler's). They never claim a slot, wake a waiter or touch
 // a counter, so an operator can poll them as often as they like.
 
-// statusSnapshot is the answer of GET /llm_route/status (SPEC §14, §18).
+// statusSnapshot is the answer of GET /llm_route/status.
 type statusSnapshot struct {
 	Upstreams []upstreamStatus `json:"upstreams"`
 	Providers []providerStatus `json:"providers"`
@@ -32,7 +32,7 @@ type statusSnapshot struct {
 	// Now is the server's clock at the snapshot, so a page can count cooling
 	// down without trusting the browser's clock.
 	Now time.Time `json:"now"`
-	// State is the state backend in use and its health (SPEC §17).
+	// State is the state backend in use and its health.
 	State fleetStatus `json:"state"`
 }
 

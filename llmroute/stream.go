@@ -134,7 +134,7 @@ func (c *clientWriter) clearDeadline() {
 const doneMarker = "data: [DONE]"
 
 // The lines that start the final event of a native Messages or Responses
-// stream (their servers name every event, SPEC §13): once one has reached
+// stream (their servers name every event): once one has reached
 // the client the answer is whole, whatever ends the copy afterwards.
 var (
 	chatMarkers      = [][]byte{[]byte(doneMarker)}

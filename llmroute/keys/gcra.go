@@ -10,7 +10,7 @@ import "time"
 // TAT to max(TAT, now) + T. This is a token bucket without a refill timer
 // or a float: one integer per key, one compare and one add per request,
 // which is also exactly what a Redis script can do in one atomic step
-// (SPEC §17). Written here rather than imported: it is a dozen lines, and
+//. Written here rather than imported: it is a dozen lines, and
 // the small libraries that offer it (throttled, go-redis/redis_rate) bring
 // their own stores.
 

@@ -1,11 +1,11 @@
-// Package keys holds the accounting behind client keys (SPEC §16): a GCRA
+// Package keys holds the accounting behind client keys: a GCRA
 // request rate per key, and token and spend budgets over UTC days and
 // months that concurrency cannot overshoot, because every request reserves
 // its worst case before it is sent and settles to what it really used
 // afterwards.
 //
 // The request path sees only Store. Memory is the embedded implementation;
-// a shared backend (Redis, SPEC §17) implements the same four methods, each
+// a shared backend (Redis) implements the same four methods, each
 // as one atomic server-side step, and plugs in without touching the
 // request path. Amounts are integers (tokens, nano-USD) so that a backend
 // can add and compare them atomically without floating point.

@@ -15,7 +15,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
 )
 
-// Client keys' accounting (SPEC §16) in Redis: the GCRA rate of a key is
+// Client keys' accounting in Redis: the GCRA rate of a key is
 // one string (its theoretical arrival time, on the server's clock), its
 // budgets one hash per UTC day and one per month, which expire by
 // themselves once their period is over. Each operation is one script. The

@@ -1,5 +1,5 @@
-// Package redisstate keeps llm_route's shared accounting in Redis (SPEC
-// §17): upstream slots and provider capacity as per-instance leases, and
+// Package redisstate keeps llm_route's shared accounting in Redis:
+// upstream slots and provider capacity as per-instance leases, and
 // backoff scopes. Every operation is one Lua script, atomic on the server;
 // nothing is read, changed in Go and written back. The package knows
 // nothing of Caddy or of the routing core: it takes ids and numbers.

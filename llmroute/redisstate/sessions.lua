@@ -1,4 +1,4 @@
--- Name a request's session fleet-wide (SPEC §5) and record its history.
+-- Name a request's session fleet-wide and record its history.
 -- The longest known prefix names the session, else the candidate (the hash
 -- of the whole history) does; then every prefix of the request is recorded
 -- under that id with the TTL, so a growing, edited or regenerated

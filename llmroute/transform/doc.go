@@ -24,11 +24,11 @@
 //
 //	patch.go      Patch: compile, compose (Then), apply
 //	request.go    ParseRequest, RequestEdit, RewriteRequest
-//	reasoning.go  reasoning_field backfill (SPEC §7)
+//	reasoning.go  reasoning_field backfill
 //	think.go      ThinkMode, the think-tag splitter, RewriteCompletion
 //	sse.go        SSE framing
 //	stream.go     StreamRewriter
-//	session.go    Sessions (SPEC §5)
+//	session.go    Sessions
 //
 // # Decisions where the spec is silent
 //

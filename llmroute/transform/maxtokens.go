@@ -9,8 +9,8 @@ import (
 // MaxTokens returns the request's output bound: the largest of its
 // top-level max_tokens (chat, Messages, completions),
 // max_completion_tokens (chat) and max_output_tokens (Responses) that is a
-// positive integer, or 0 when it sets none. Budgets reserve by it (SPEC
-// §16), so a request naming several takes the largest.
+// positive integer, or 0 when it sets none. Budgets reserve by it,
+// so a request naming several takes the largest.
 func MaxTokens(body []byte) int64 {
 	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {

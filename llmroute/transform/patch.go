@@ -9,7 +9,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
-// Patch is a compiled deep-merge patch (SPEC §4): for every key of the patch
+// Patch is a compiled deep-merge patch: for every key of the patch
 // object, an object value is merged recursively into the body's value when
 // that is an object too, and any other value (scalar, array, null) replaces the
 // body's value. Keys the body lacks are appended after its existing keys, in

@@ -2,7 +2,7 @@ package transform
 
 import "github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 
-// Reasoning backfill (SPEC §7). Some gateways in thinking mode reject a history
+// Reasoning backfill. Some gateways in thinking mode reject a history
 // whose assistant messages lack their native reasoning field, while clients
 // keep reasoning in their own shapes ("reasoning" string, "reasoning_details"
 // array). The backfill adds the native field from those, additively: nothing

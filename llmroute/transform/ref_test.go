@@ -31,7 +31,7 @@ type jsonErr string
 
 func (e jsonErr) Error() string { return string(e) }
 
-// refMerge is SPEC §4's deep merge on maps: objects merge recursively,
+// refMerge is the patch deep merge on maps: objects merge recursively,
 // anything else replaces.
 func refMerge(dst map[string]any, patch map[string]any) {
 	for k, pv := range patch {

@@ -114,7 +114,7 @@ type RequestEdit struct {
 	// none.
 	Patch *Patch
 	// ReasoningField is the native reasoning field to backfill in assistant
-	// history (SPEC §7); empty disables the backfill.
+	// history; empty disables the backfill.
 	ReasoningField string
 	// ReasoningEmptyOK writes "" when an assistant message has no reasoning
 	// text at all, instead of leaving the field out.

@@ -9,7 +9,7 @@ import (
 
 // ChatResume follows a chat completion stream on its way to the client so
 // that, when the upstream breaks off, another upstream can finish the answer
-// as one stream (SPEC §15, mid-stream continuation).
+// as one stream (mid-stream continuation).
 //
 // On the first upstream it passes complete events through unchanged and
 // notes what the client has been sent: id, created, model, the text and

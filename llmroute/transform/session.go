@@ -26,7 +26,7 @@ const maxPrefixesPerSession = 128
 // at most a few hundred thousand entries.
 type prefixKey [16]byte
 
-// Sessions derives stable session ids from chat histories (SPEC §5).
+// Sessions derives stable session ids from chat histories.
 //
 // Each message, from the first "user" message on (earlier ones, typically a
 // system prompt shared by every conversation of a client, are ignored), is
@@ -53,7 +53,7 @@ type prefixKey [16]byte
 // message (and what follows) are identical share one id. The registry lives
 // in this process's memory: a restart gives active conversations new ids,
 // and with several instances behind a load balancer each would name a
-// conversation its own way. With the redis state (SPEC §17) the handler
+// conversation its own way. With the redis state the handler
 // therefore keeps the registry in Redis too (History, Record: the same
 // prefixes under the state prefix, the same TTL) and this one in step, so an
 // id is the same whichever instance serves the next turn and outlives a

@@ -281,7 +281,7 @@ func TestStreamOversizedEvent(t *testing.T) {
 }
 
 // TestStreamRewritesEventsUpToTheBound: an event of several MiB (a long
-// answer in one chunk, SPEC §6 with issue 10 item 14) is rewritten under the
+// answer in one chunk, issue 10 item 14) is rewritten under the
 // default bound; the old 1 MiB bound passed it through with its tags.
 func TestStreamRewritesEventsUpToTheBound(t *testing.T) {
 	var out bytes.Buffer

@@ -9,7 +9,7 @@ import (
 )
 
 // ThinkMode says what to do with <think>…</think> blocks that some providers
-// (MiniMax, some DeepSeek deployments) put inside "content" (SPEC §6).
+// (MiniMax, some DeepSeek deployments) put inside "content".
 type ThinkMode uint8
 
 // The think_tags modes.

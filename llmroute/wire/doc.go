@@ -10,7 +10,7 @@
 //	NewStream(info, emit) / Write / Close / Fail  chat SSE → front SSE
 //	ErrorBody(status, code, msg), TranslateError  errors in the front's shape
 //
-// The core decides native vs translated per upstream (SPEC §13, apis); a
+// The core decides native vs translated per upstream (apis); a
 // native attempt never touches these packages beyond front-specific body
 // edits (anthropic.StripBillingBlock).
 //

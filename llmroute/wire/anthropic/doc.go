@@ -1,6 +1,6 @@
 // Package anthropic translates between the Anthropic Messages API (the front
 // Claude Code and the Anthropic SDKs speak) and OpenAI chat completions (the
-// back most upstreams serve), SPEC §13. It is pure bytes → bytes: no Caddy,
+// back most upstreams serve). It is pure bytes → bytes: no Caddy,
 // no llmroute, no reflection-based encoding/json (bodies are walked with the raw
 // scanner in llmroute/internal/jsonscan, shared with llmroute/transform and
 // wire/responses). Tests use transform to run the think splitter in front of Stream.
@@ -39,7 +39,7 @@
 // CountTokensBody(CountTokensEstimate(body)) with X-LLM-Route-Estimate:
 // true. GET …/models with anthropic-version answers ModelsBody.
 //
-// Sessions (§5, §13): hash SessionBody(body) with transform.Sessions.ID. It is
+// Sessions: hash SessionBody(body) with transform.Sessions.ID. It is
 // the chat messages ToChat sends, minus the top-level system prompt, so the
 // billing block is never hashed and a conversation keeps its id when failover
 // moves it between a native and a translated upstream (the hash ignores
@@ -129,7 +129,7 @@
 // # Response: chat → Messages
 //
 //	id                       "msg_" + the chat id without "chatcmpl-" (random when absent)
-//	model                    the upstream's model, else the requested one (§12)
+//	model                    the upstream's model, else the requested one
 //	reasoning_content | reasoning   a thinking block first, signature ""
 //	content (string or parts) a text block; refusal a text block too
 //	tool_calls               tool_use blocks, input = the parsed arguments object
@@ -181,7 +181,7 @@
 // chat → Messages direction of the same pair): refusal ⇄ content_filter,
 // the effort budgets above, top_k left out because chat has none. Different
 // here: agentgateway keys error types on Google-style statuses; this package
-// keys them on the HTTP status (SPEC §13, ErrorType).
+// keys them on the HTTP status (ErrorType).
 //
 // # Decisions where the spec is silent
 //

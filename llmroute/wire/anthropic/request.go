@@ -783,7 +783,7 @@ func isBillingText(text []byte) bool {
 	return bytes.HasPrefix(jsonscan.AppendUnescape(tmp[:0], head), []byte(billingPrefix))
 }
 
-// SessionBody appends {"messages":[…]} for session hashing (SPEC §5, §13):
+// SessionBody appends {"messages":[…]} for session hashing:
 // the chat messages ToChat would send, without the top-level system prompt
 // (so the billing block is never hashed). Sessions.ID over this body gives the
 // same id for a native and a translated attempt of one conversation.

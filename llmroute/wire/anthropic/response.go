@@ -238,7 +238,7 @@ func appendRandomID(dst []byte, prefix string) []byte {
 }
 
 // appendModel appends the model the upstream reported, else the requested
-// one (SPEC §12: clients see which model really answered).
+// one (clients see which model really answered).
 func appendModel(dst, model []byte, info *Info) []byte {
 	if nonEmptyString(model) {
 		return append(dst, model...)

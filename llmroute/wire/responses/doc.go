@@ -1,6 +1,6 @@
 // Package responses translates between the OpenAI Responses API (the wire
 // format of Codex CLI) and chat completions, for upstreams that serve only
-// chat (SPEC §13). It is pure bytes → bytes: no Caddy, no llmroute import.
+// chat. It is pure bytes → bytes: no Caddy, no llmroute import.
 //
 // # Use from the routing core
 //

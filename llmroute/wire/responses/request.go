@@ -43,7 +43,7 @@ type Info struct {
 	// Stream reports a stream request (`"stream":true`).
 	Stream bool
 	// PromptCacheKey is the request's prompt_cache_key (Codex sets it to its
-	// session id), for session affinity (SPEC §5, §13). Empty when absent.
+	// session id), for session affinity. Empty when absent.
 	PromptCacheKey string
 	// DroppedTools lists, once each, the types of tools the chat upstream
 	// cannot run and that were left out (web_search, file_search, mcp,
