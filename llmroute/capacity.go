@@ -72,8 +72,9 @@ func (p *poolRefs) adoptProvider(id string) (st *providerState, fresh bool) {
 
 // tryClaim takes a slot on the upstream and a unit of its provider's
 // capacity, both or neither, in this process and, with the redis state,
-// fleet-wide. locked tells that the caller holds the scheduler's lock.
-func (u *upstream) tryClaim(locked bool) (int64, bool) {
+// fleet-wide. forQueue tells that the claim is a waiter's turn, whose
+// rollback must not wake the queue (it would hand the same turn out again).
+func (u *upstream) tryClaim(forQueue bool) (int64, bool) {
 	var n int64
 	var ok, wake bool
 	if f := activeFleet.Load(); f != nil {
@@ -81,7 +82,7 @@ func (u *upstream) tryClaim(locked bool) (int64, bool) {
 	} else {
 		n, ok, wake = u.claimLocal()
 	}
-	if wake && !locked {
+	if wake && !forQueue {
 		sched.dispatch() // a waiter that saw our transient slot may take it
 	}
 	return n, ok

@@ -278,6 +278,7 @@ func (f *fleet) renewSlots(ctx context.Context) error {
 	providerDraining.Range(func(_, v any) bool { p := v.(*providerState); provs[p.id] = p.inflight.Load(); return true })
 	q := f.store.QueueRenew(ups, provs)
 	f.mu.Unlock()
+	sched.dispatch() // a pass the renewal deferred (grantFirst)
 	return q.Wait(ctx)
 }
 
@@ -378,19 +379,34 @@ func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
 	if !f.use() {
 		return u.claimLocal() // a reload has just switched this fleet off
 	}
-	defer f.done()
 	f.mu.RLock()
-	defer f.mu.RUnlock()
 	n, ok, dispatch = u.claimLocal()
 	if !ok {
+		f.mu.RUnlock()
+		f.done()
 		return n, false, dispatch
 	}
+	if f.claimShared(u) {
+		return n, true, false
+	}
+	return n - 1, false, true
+}
+
+// claimShared claims fleet-wide what u.claimLocal has claimed in this
+// process, and rolls the local claim back if the fleet is full (or Redis
+// does not answer and on_state_error is reject). The caller holds a use of
+// f and f.mu's read lock, taken before the local claim; claimShared gives
+// both back. It makes the Redis call, so it never runs under the
+// scheduler's lock (see grant).
+func (f *fleet) claimShared(u *upstream) bool {
+	defer f.done()
+	defer f.mu.RUnlock()
 	if !f.healthy.Load() {
 		if f.reject {
 			u.unclaimLocal()
-			return n - 1, false, true
+			return false
 		}
-		return n, true, false
+		return true
 	}
 	v, err := f.store.Claim(context.Background(), u.id, u.provider, fleetLimit(u.limit), fleetLimit(u.capacity))
 	switch {
@@ -398,9 +414,9 @@ func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
 		f.failed(err)
 		if f.reject {
 			u.unclaimLocal()
-			return n - 1, false, true
+			return false
 		}
-		return n, true, false
+		return true
 	case v != redisstate.Claimed:
 		u.unclaimLocal()
 		full := fleetUpstreamFull
@@ -408,12 +424,12 @@ func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
 			full = fleetProviderFull
 		}
 		u.state.fleetFull.Store(full)
-		return n - 1, false, true
+		return false
 	}
 	if u.state.fleetFull.Load() != fleetFree { // a load, not a store, on the hot path
 		u.state.fleetFull.Store(fleetFree)
 	}
-	return n, true, false
+	return true
 }
 
 // upstreamState.fleetFull values.

@@ -121,6 +121,9 @@ type route struct {
 	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
 	sizes        fitRoutes     // variants per request size (context windows, long context)
 	resume       bool          // continue a broken stream on another upstream (resume.go)
+	// budgetOf is, in a route restricted to the upstreams a client key's
+	// budget has room for (budget.go), the route it was cut from.
+	budgetOf *route
 }
 
 // Provision resolves the config, adopts shared state and starts the prober.

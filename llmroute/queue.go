@@ -24,6 +24,14 @@ import (
 //
 // The hot path stays lock-free: while nobody waits, claims are a CAS and a
 // release is an atomic add plus one atomic load of the waiter count.
+//
+// Under the redis state a claim has two parts: this process's counts (a
+// CAS), then the fleet's (a call to Redis). The scheduler's lock covers
+// only the first: a pass claims locally for each waiter in arrival order
+// and hands it the slot, and the waiter finishes the claim in Redis in its
+// own goroutine (grant.complete). A slow Redis therefore delays only the
+// waiters whose turn came, never the queue itself (requests of other models
+// joining or leaving, the status, explain, the metrics).
 
 var sched = &scheduler{waiters: list.New(), depth: make(map[string]int)}
 
@@ -35,15 +43,34 @@ type scheduler struct {
 
 	mu      sync.Mutex
 	waiters *list.List     // *waiter in arrival order
-	depth   map[string]int // waiters per model name
+	depth   map[string]int // waiters per model name (probes not counted)
 }
 
-// waiter is one queued request.
+// waiter is one request in the scheduler's list.
 type waiter struct {
 	rt    *route
-	ready chan int // the claimed target index, sent once
+	ready chan grant // its turn: a slot claimed for it, or none for a probe
 	elem  *list.Element
 	since time.Time // when it queued, for the status's oldest wait
+	// probe: a request that may not wait (its model has no queue, or the
+	// queue is full) and only takes its turn after the earlier waiters:
+	// the first pass that reaches it answers it, with a slot or without.
+	probe bool
+	// claiming: it has its turn's slot and is finishing the claim in the
+	// shared state; passes go past it. passed: one did meanwhile (a slot
+	// may have freed that it would have had).
+	claiming, passed bool
+}
+
+// grant is a slot the scheduler claimed for a waiter in this process, on
+// target idx of its route (-1: none, the answer to a probe). Under the
+// redis state, f is the fleet in which the waiter still claims it: the
+// grant then holds a use of f and f.mu's read lock (which orders the claim
+// against a renewal, as fleet.tryClaim does), given back by complete or
+// giveBack.
+type grant struct {
+	idx int
+	f   *fleet
 }
 
 // dispatch admits waiters to whatever slots are free.
@@ -57,7 +84,8 @@ func (s *scheduler) dispatch() {
 }
 
 // dispatchLocked walks the waiters in arrival order and gives each one that
-// can claim a slot its slot.
+// can claim a slot in this process its slot; a probe that cannot leaves
+// with nothing. No call to the shared state is made here.
 func (s *scheduler) dispatchLocked() {
 	if s.waiters.Len() == 0 {
 		return
@@ -67,11 +95,21 @@ func (s *scheduler) dispatchLocked() {
 	for e := s.waiters.Front(); e != nil; {
 		next := e.Next()
 		w := e.Value.(*waiter)
-		if !stuck[w.rt] {
-			if idx, ok := claimFirst(w.rt, now); ok {
-				s.removeLocked(w)
-				w.ready <- idx
-			} else {
+		switch {
+		case w.claiming:
+			w.passed = true
+		case stuck[w.rt]:
+			s.endProbeLocked(w)
+		default:
+			g, res := grantFirst(w.rt, now)
+			switch res {
+			case granted:
+				w.claiming = true
+				w.ready <- g
+			case deferred:
+				return // a renewal of the shared state runs; it dispatches when done
+			default:
+				s.endProbeLocked(w)
 				if stuck == nil {
 					stuck = make(map[*route]bool)
 				}
@@ -82,13 +120,20 @@ func (s *scheduler) dispatchLocked() {
 	}
 }
 
-// claimNow claims for a request of a queue-less model, after letting every
-// earlier waiter have its turn.
-func (s *scheduler) claimNow(rt *route) (int, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.dispatchLocked()
-	return claimFirst(rt, time.Now())
+// endProbeLocked answers a probe that found no slot in its turn.
+func (s *scheduler) endProbeLocked(w *waiter) {
+	if w.probe {
+		s.removeLocked(w)
+		w.ready <- grant{idx: -1}
+	}
+}
+
+func (s *scheduler) pushLocked(w *waiter) {
+	w.elem = s.waiters.PushBack(w)
+	if !w.probe {
+		s.depth[w.rt.name]++
+	}
+	s.waiting.Add(1)
 }
 
 func (s *scheduler) removeLocked(w *waiter) {
@@ -97,19 +142,108 @@ func (s *scheduler) removeLocked(w *waiter) {
 	}
 	s.waiters.Remove(w.elem)
 	w.elem = nil
-	s.depth[w.rt.name]--
+	if !w.probe {
+		s.depth[w.rt.name]--
+	}
 	s.waiting.Add(-1)
 }
 
-// claimFirst claims a slot on the first non-cooling upstream of rt with room.
-func claimFirst(rt *route, now time.Time) (int, bool) {
-	return claimFrom(rt, 0, now, nil)
+// What grantFirst found.
+const (
+	noSlot   = iota
+	granted  // a slot, claimed in this process
+	deferred // a renewal of the shared state holds its lock: try after it
+)
+
+// grantFirst claims in this process a slot on the first non-cooling
+// upstream of rt with room, as claimFrom does, without the shared state's
+// part (grant.complete). It runs under the scheduler's lock, so it never
+// waits: a renewal that holds or awaits the fleet's lock defers the pass.
+func grantFirst(rt *route, now time.Time) (grant, int) {
+	f := activeFleet.Load()
+	if f != nil {
+		if !f.use() {
+			f = nil // a reload has just switched it off: this process's counts only
+		} else if !f.mu.TryRLock() {
+			f.done()
+			return grant{idx: -1}, deferred
+		}
+	}
+	for i := range rt.targets {
+		u := rt.targets[i].up
+		if u.cooling(now) > 0 {
+			continue
+		}
+		long := rt.targets[i].long
+		if !long.claim() {
+			continue
+		}
+		if _, ok, _ := u.claimLocal(); ok {
+			return grant{idx: i, f: f}, granted
+		}
+		long.release()
+	}
+	if f != nil {
+		f.mu.RUnlock()
+		f.done()
+	}
+	return grant{idx: -1}, noSlot
+}
+
+// complete finishes the grant's claim in the shared state, in the waiter's
+// goroutine. When the fleet has no room there, the later upstreams of the
+// route are tried in order, as claimFrom would have; it returns the target
+// claimed, or false with nothing held.
+func (g grant) complete(rt *route) (int, bool) {
+	if g.f == nil {
+		return g.idx, true
+	}
+	if g.f.claimShared(rt.targets[g.idx].up) {
+		return g.idx, true
+	}
+	rt.targets[g.idx].long.release()
+	return claimFrom(rt, g.idx+1, time.Now(), nil)
+}
+
+// giveBack returns a grant its waiter did not take (it left meanwhile):
+// the local claim, the fleet's lock and use, then the slot goes to the
+// next waiter.
+func (g grant) giveBack(rt *route) {
+	rt.targets[g.idx].long.release()
+	rt.targets[g.idx].up.unclaimLocal()
+	if g.f != nil {
+		g.f.mu.RUnlock()
+		g.f.done()
+	}
+	sched.dispatch()
+}
+
+// take completes w's turn g in w's goroutine. Claimed: w leaves the
+// list. Not (the fleet was full, or a probe's turn found nothing): w waits
+// for its next turn, or, a probe, is out.
+func (s *scheduler) take(w *waiter, g grant) (int, bool) {
+	idx, ok := -1, false
+	if g.idx >= 0 {
+		idx, ok = g.complete(w.rt)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.claiming = false
+	if ok || w.probe {
+		s.removeLocked(w)
+	} else if w.passed {
+		s.dispatchLocked() // a slot freed while it was claiming may be its
+	}
+	w.passed = false
+	return idx, ok
 }
 
 // claimFrom claims a slot on the first target at or after from that is not
 // cooling and has room (its provider's capacity included). With a logger it
-// logs skipped and accepted upstreams; the scheduler passes none, and no
-// logger is also how a claim knows it runs under the scheduler's lock.
+// logs skipped and accepted upstreams; a waiter finishing its turn passes
+// none, and no logger is also how a claim knows it is made for the queue
+// (whose rollbacks must not wake the queue: that waiter would be woken
+// again by its own failed claim).
 func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) {
 	for i := from; i < len(rt.targets); i++ {
 		u := rt.targets[i].up
@@ -176,7 +310,7 @@ func oldestWaits() map[string]time.Time {
 	defer sched.mu.Unlock()
 	for e := sched.waiters.Front(); e != nil; e = e.Next() {
 		w := e.Value.(*waiter)
-		if _, ok := out[w.rt.name]; !ok {
+		if _, ok := out[w.rt.name]; !ok && !w.probe {
 			out[w.rt.name] = w.since
 		}
 	}
@@ -193,43 +327,53 @@ func forEachQueue(f func(model string, depth int)) {
 }
 
 // wait queues the request until a slot of its model frees, the queue
-// timeout passes, or the client leaves.
+// timeout passes, or the client leaves. A request of a model without a
+// queue, or whose queue is full, takes one turn after the earlier waiters
+// instead (a probe) and is refused if that turn finds no slot.
 func (h *Handler) wait(r *http.Request, rt *route) (int, *apiError) {
 	start := time.Now()
 	s := sched
-	s.mu.Lock()
-	s.waiting.Add(1)
-	s.dispatchLocked()
-	if idx, ok := claimFirst(rt, start); ok {
-		s.waiting.Add(-1)
-		s.mu.Unlock()
-		h.observeWait(rt, "admitted", 0)
-		return idx, nil
-	}
 	// Waiting does not hide an outage: if everything is cooling and nothing
 	// comes back within the wait, answer the cooling 503 now. With no
 	// queue_timeout the request waits for the first cooling to end (or for
 	// the client to leave), as it would for a busy slot.
-	if back, all := soonestBack(rt, start); all && rt.queueTimeout > 0 && back > rt.queueTimeout {
-		s.waiting.Add(-1)
-		s.mu.Unlock()
+	if back, all := soonestBack(rt, start); all && rt.queueSize > 0 && rt.queueTimeout > 0 && back > rt.queueTimeout {
 		return -1, h.reject(rt)
 	}
-	if s.depth[rt.name] >= rt.queueSize {
-		s.waiting.Add(-1)
-		s.mu.Unlock()
-		h.observeWait(rt, "full", 0)
-		if c := h.logger.Check(zapcore.WarnLevel, "queue full"); c != nil {
-			c.Write(zap.String("model", rt.name), zap.Int("queue_size", rt.queueSize))
-		}
-		e := errQueueFull
-		return -1, &e
-	}
-	w := &waiter{rt: rt, ready: make(chan int, 1), since: start}
-	w.elem = s.waiters.PushBack(w)
-	s.depth[rt.name]++
+	s.mu.Lock()
+	w := &waiter{rt: rt, ready: make(chan grant, 1), since: start, probe: s.depth[rt.name] >= rt.queueSize}
+	s.pushLocked(w)
+	s.dispatchLocked() // its turn, after the earlier waiters'
 	depth := s.depth[rt.name]
 	s.mu.Unlock()
+	select {
+	case g := <-w.ready:
+		if idx, ok := s.take(w, g); ok {
+			if rt.queueSize > 0 {
+				h.observeWait(rt, "admitted", 0)
+			}
+			return idx, nil
+		}
+		if w.probe {
+			return -1, h.refuseProbe(rt)
+		}
+	default: // not served yet (or its turn was deferred by a renewal)
+	}
+	if w.probe {
+		select {
+		case g := <-w.ready:
+			if idx, ok := s.take(w, g); ok {
+				if rt.queueSize > 0 {
+					h.observeWait(rt, "admitted", time.Since(start))
+				}
+				return idx, nil
+			}
+			return -1, h.refuseProbe(rt)
+		case <-r.Context().Done():
+			h.leave(w, start, "cancelled")
+			return -1, errClientGone
+		}
+	}
 	if c := h.logger.Check(zapcore.DebugLevel, "request queued"); c != nil {
 		c.Write(zap.String("model", rt.name), zap.Int("depth", depth))
 	}
@@ -252,9 +396,12 @@ func (h *Handler) wait(r *http.Request, rt *route) (int, *apiError) {
 
 	for {
 		select {
-		case idx := <-w.ready:
-			h.observeWait(rt, "admitted", time.Since(start))
-			return idx, nil
+		case g := <-w.ready:
+			if idx, ok := s.take(w, g); ok {
+				h.observeWait(rt, "admitted", time.Since(start))
+				return idx, nil
+			}
+			// The fleet had no room for its turn: it waits for the next.
 		case <-recheck.C:
 			s.dispatch()
 			armRecheck()
@@ -272,6 +419,20 @@ func (h *Handler) wait(r *http.Request, rt *route) (int, *apiError) {
 	}
 }
 
+// refuseProbe answers a probe whose turn found no slot: the 503 of a
+// model without a queue (busy or cooling), or queue full.
+func (h *Handler) refuseProbe(rt *route) *apiError {
+	if rt.queueSize == 0 {
+		return h.reject(rt)
+	}
+	h.observeWait(rt, "full", 0)
+	if c := h.logger.Check(zapcore.WarnLevel, "queue full"); c != nil {
+		c.Write(zap.String("model", rt.name), zap.Int("queue_size", rt.queueSize))
+	}
+	e := errQueueFull
+	return &e
+}
+
 // leave takes a waiter out of the queue. If it was admitted in the meantime,
 // the slot it got is handed back (to the next waiter).
 func (h *Handler) leave(w *waiter, start time.Time, result string) {
@@ -279,10 +440,14 @@ func (h *Handler) leave(w *waiter, start time.Time, result string) {
 	sched.removeLocked(w)
 	sched.mu.Unlock()
 	select {
-	case idx := <-w.ready:
-		w.rt.targets[idx].long.release()
-		w.rt.targets[idx].up.release()
+	case g := <-w.ready:
+		if g.idx >= 0 {
+			g.giveBack(w.rt)
+		}
 	default:
+	}
+	if w.probe && w.rt.queueSize == 0 {
+		return // a model without a queue has no wait to observe
 	}
 	h.observeWait(w.rt, result, time.Since(start))
 	if c := h.logger.Check(zapcore.InfoLevel, "gave up waiting for a slot"); c != nil {

@@ -266,3 +266,69 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 		t.Errorf("inflight = %d at the end, want 0", n)
 	}
 }
+
+// TestSchedulerTurnDeferredByRenewal: under the redis state a waiter's
+// turn takes the fleet's read lock with its local claim (the claim in
+// Redis is finished in the waiter's goroutine, outside the scheduler's
+// lock). While a renewal holds the write lock, a pass claims nothing and
+// never blocks; the renewal's dispatch then gives the waiter its turn, and
+// a request of a model without a queue that arrived meanwhile waits for
+// its turn instead of being refused. The fleet here is a real one whose
+// Redis is away (local accounting), so no call is made.
+func TestSchedulerTurnDeferredByRenewal(t *testing.T) {
+	f := &fleet{}
+	f.users.Store(1)
+	activeFleet.Store(f)
+	defer activeFleet.CompareAndSwap(f, nil)
+
+	h := schedHandler()
+	u := schedUpstream("sched-renew-u", 1)
+	free := schedUpstream("sched-renew-free", 1)
+	queued := schedRoute("sched-renew-q", 4, 0, u)
+	noQueue := schedRoute("sched-renew-n", 0, 0, free)
+	u.state.tryClaim()
+	out := make(chan waitResult, 2)
+	enqueue(t, h, context.Background(), queued, "waiter", 1, out)
+
+	f.mu.Lock() // a renewal reads the counts
+	locked := make(chan struct{})
+	go func() { defer close(locked); u.state.release() }()
+	select {
+	case <-locked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a release blocked on the renewal's lock")
+	}
+	go func() {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		idx, err := h.admit(r, noQueue)
+		out <- waitResult{"no-queue", idx, err}
+	}()
+	waitFor(t, "the queue-less request in line", func() bool { return sched.waiting.Load() == 2 })
+	nothingYet(t, out)
+	if n := u.state.inflight.Load() + free.state.inflight.Load(); n != 0 {
+		t.Fatalf("%d slots claimed during the renewal", n)
+	}
+	f.mu.Unlock()
+	sched.dispatch() // what renewSlots does once it lets go
+
+	got := map[string]waitResult{}
+	for range 2 {
+		r := next(t, out)
+		got[r.who] = r
+	}
+	if r := got["waiter"]; r.err != nil || r.idx != 0 {
+		t.Fatalf("waiter: idx %d err %v", r.idx, r.err)
+	}
+	if r := got["no-queue"]; r.err != nil || r.idx != 0 {
+		t.Fatalf("queue-less request refused during the renewal: idx %d err %v", r.idx, r.err)
+	}
+	u.release()
+	free.release()
+	if n := f.users.Load(); n != 1 {
+		t.Errorf("fleet users = %d after both turns ended, want 1 (a grant kept its use)", n)
+	}
+	if !f.mu.TryLock() {
+		t.Fatal("a grant kept the fleet's read lock")
+	}
+	f.mu.Unlock()
+}

@@ -89,10 +89,15 @@ func (h *Handler) setSkipped(w http.ResponseWriter, rt *route, failures []attemp
 }
 
 // skippedReasons renders the reason each upstream of rt was not used. When
-// rt is a size variant (context.go), the upstreams of the whole route are
-// listed, those whose context_window the request does not fit included.
+// rt is a size variant (context.go) or a key's budget variant (budget.go),
+// the upstreams of the whole route are listed, those whose context_window
+// the request does not fit, or whose worst case the budget has no room
+// for, included.
 func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 	all := rt.targets
+	if rt.budgetOf != nil {
+		all = rt.budgetOf.targets
+	}
 	if rt.sizes.of != nil {
 		all = rt.sizes.of.targets
 	}
@@ -110,6 +115,8 @@ func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 			fleet = u.state.fleetFull.Load()
 		}
 		switch f, failed := failureOf(failures, u.id); {
+		case t == nil && rt.budgetOf != nil && targetOf(rt.budgetOf, u) != nil:
+			b.WriteString("budget") // the key's budget has no room for its worst case
 		case t == nil:
 			b.WriteString("context_window ")
 			b.WriteString(strconv.Itoa(u.window))

@@ -133,6 +133,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		if kr = h.admitKey(w, r, f, key, rt, body); kr == nil {
 			return nil
 		}
+		rt = kr.rt         // only the upstreams its budget has room for
 		defer kr.release() // a reservation an aborted attempt left
 	}
 	if fr.api != apiChat {
@@ -299,15 +300,9 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, *apiError) {
 			return idx, nil
 		}
 	}
-	if rt.queueSize > 0 {
-		return h.wait(r, rt)
-	}
-	// Re-check under the scheduler so earlier waiters of other models keep
-	// their turn.
-	if idx, ok := sched.claimNow(rt); ok {
-		return idx, nil
-	}
-	return -1, h.reject(rt)
+	// Through the scheduler, so earlier waiters of any model keep their
+	// turn (a model without a queue takes one turn and no more).
+	return h.wait(r, rt)
 }
 
 // claimNext claims a slot on the first eligible target at or after from,

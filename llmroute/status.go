@@ -454,8 +454,12 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 		ex.Outcome = "upstream"
 	case allContext:
 		ex.Outcome = verdictContext // a 400 context_length_exceeded
-	case allCooling && (!queueRoom || rt.queueTimeout == 0 || back > rt.queueTimeout):
-		ex.Outcome = verdictCooling // waiting would not hide an outage
+	case allCooling && (rt.queueSize == 0 || rt.queueTimeout > 0 && back > rt.queueTimeout):
+		// Without a queue, or when the cooling outlasts queue_timeout,
+		// waiting would not hide an outage: the cooling 503. Without a
+		// queue_timeout a request waits for the cooling to end (or is
+		// refused as queue full), like one waiting for a busy slot.
+		ex.Outcome = verdictCooling
 	case queueRoom:
 		ex.Outcome = "queue"
 	default:
