@@ -110,7 +110,9 @@ func (s *fleetKeys) Room(id string, now time.Time, b keys.Budget, a keys.Amount)
 // (lease_ttl, no longer renewed) and the settlement is sent again with each
 // renewal until Redis takes it (the script adds the use whether the lease
 // is still there or not), so a request's real cost is never lost; the
-// client stays open for it meanwhile. Settling gives back the hold on the
+// client stays open for it meanwhile. Redis records each reservation it
+// settled, so a settlement it applied but whose reply was lost is not
+// charged again when it is sent again. Settling gives back the hold on the
 // client that Reserve took.
 func (s *fleetKeys) Settle(h keys.Hold, actual keys.Amount, now time.Time) {
 	if !h.Shared {
