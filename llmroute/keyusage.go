@@ -19,7 +19,8 @@ import (
 // storage (the file system by default, as for certificates): one JSON
 // document of every key's settled use in its current UTC day and month,
 // written every keyUsageEvery while something was settled, and when a
-// handler is cleaned up (a reload or the shutdown); read when a handler
+// handler is cleaned up (a reload or the shutdown) if something was since
+// the last write; read when a handler
 // creates a key's account. Only an account created then is given its saved
 // use: one a running config holds counts on, so a reload neither loads a
 // use twice nor takes back what was used since the last write. A use of a
@@ -158,11 +159,12 @@ func (s *saver) attach(st usageStorage, logger *zap.Logger) {
 	}
 }
 
-// detach writes the usage to st and stops the periodic writes with the
-// last user.
+// detach writes the usage to st, when something was used since the last
+// write (so that `caddy validate`, which provisions and cleans up, writes
+// nothing), and stops the periodic writes with the last user.
 func (s *saver) detach(st usageStorage) {
 	s.mu.Lock()
-	s.writeLocked(st, true)
+	s.writeLocked(st)
 	s.users--
 	var stop, done chan struct{}
 	if s.users == 0 {
@@ -187,7 +189,7 @@ func (s *saver) run(stop, done chan struct{}) {
 		case <-t.C:
 			s.mu.Lock()
 			if s.to != nil {
-				s.writeLocked(s.to, false)
+				s.writeLocked(s.to)
 			}
 			s.mu.Unlock()
 		}
@@ -195,9 +197,9 @@ func (s *saver) run(stop, done chan struct{}) {
 }
 
 // writeLocked writes the usage to st when something was settled since the
-// last write, or always (a handler's last write). s.mu held.
-func (s *saver) writeLocked(st usageStorage, always bool) {
-	if !always && keyStore.Changes() == s.written {
+// last write. s.mu held.
+func (s *saver) writeLocked(st usageStorage) {
+	if keyStore.Changes() == s.written {
 		return
 	}
 	now := time.Now()
