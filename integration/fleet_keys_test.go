@@ -395,3 +395,89 @@ func startHeldKeyRequest(t *testing.T, rs *redisServer, leaseTTL, timeout string
 	g.waitArrivals(t, 1)
 	return p, g, done
 }
+
+// A settlement whose answer was lost is sent again without charging twice:
+// Redis is busy (a long script) as the request ends, the settlement's call
+// times out while it waits in Redis, Redis applies it afterwards and
+// answers nobody; the instance sends it again with the next renewal, and
+// the key's use in Redis is the request's once. (The call is not sent in
+// every run: it may wait behind another call in flight and expire unsent,
+// when only the retry applies it; redisstate's
+// TestKeySettleReplyLostThenResent loses a reply every time.)
+func TestFleetKeySettlementLostReplyChargedOnce(t *testing.T) {
+	rs := startRedis(t)
+	var n atomic.Int32
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 2 {
+			<-release
+		}
+		usageAnswer(20, 1000)(w, r)
+	})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	conf := fleetKeyConfig(up, rs.addr, obj("tokens_per_day", 1_000_000))
+	conf["state"].(map[string]any)["timeout"] = "300ms"
+	// Renewals every 10 s: none is likely to be in flight, holding the
+	// settlement back, when Redis turns busy.
+	conf["state"].(map[string]any)["lease_ttl"] = "30s"
+	p := startProxy(t, conf)
+	waitHealthy(t, p, true)
+	c := rs.client()
+	defer c.Close()
+	day := fmt.Sprintf("t:key:k:d:%d", time.Now().Unix()/86400)
+	used := func() string { return c.HGet(context.Background(), day, "ut").Val() }
+
+	// The first request settles as usual (and loads the scripts in Redis).
+	if code, body := keyedChat(t, p, secretTeam); code != http.StatusOK || used() != "1020" {
+		t.Fatalf("first request: %d %s; used %q, want 1020", code, body, used())
+	}
+	done := make(chan int, 1)
+	go func() { code, _ := keyedChat(t, p, secretTeam); done <- code }()
+	eventually(t, 10*time.Second, "the second request at the upstream", func() bool { return n.Load() == 2 })
+	before := p.metric("llm_proxy_state_errors_total")
+	busy := make(chan error, 1)
+	go func() {
+		// Redis reads nothing else for 1.5 s.
+		busy <- c.Eval(context.Background(), `local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1500000
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1`, nil).Err()
+	}()
+	probe := rs.client()
+	defer probe.Close()
+	eventually(t, 5*time.Second, "Redis busy", func() bool {
+		answered := make(chan struct{})
+		go func() { probe.Ping(context.Background()); close(answered) }()
+		select {
+		case <-answered:
+			return false
+		case <-time.After(100 * time.Millisecond):
+			return true
+		}
+	})
+	close(release)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("the second request answered %d", code)
+	}
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	if p.metric("llm_proxy_state_errors_total") == before {
+		t.Fatal("no Redis call failed while Redis was busy; the test lost its premise")
+	}
+	eventually(t, 10*time.Second, "the second request's use in Redis", func() bool { return atoi(used()) >= 2040 })
+	// Healthy again means a renewal went through, the pending settlement
+	// included; the next ones (every second while unhealthy) would send it
+	// once more if it were still pending.
+	waitHealthy(t, p, true)
+	time.Sleep(2 * time.Second)
+	if got := used(); got != "2040" {
+		t.Fatalf("the key used %q tokens in Redis after two requests of 1020, want 2040 (the lost answer's settlement charged once)", got)
+	}
+}

@@ -71,6 +71,10 @@ type proxy struct {
 	aport   int
 	// next are handlers placed after llm_route in the route.
 	next []any
+	// storage is the root of the config's file_system storage (made on
+	// first use, one per proxy): what llm_route persists stays with the
+	// test, and a restart of the same proxy finds it again.
+	storage string
 }
 
 // startProxy loads a Caddy config whose only route is the given llm_route
@@ -104,8 +108,12 @@ func (p *proxy) config(handler map[string]any) []byte {
 
 // configRoutes renders the whole Caddy config around a list of routes.
 func (p *proxy) configRoutes(routes []any) []byte {
+	if p.storage == "" {
+		p.storage = p.t.TempDir()
+	}
 	cfg := map[string]any{
-		"admin": map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", p.aport)},
+		"admin":   map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", p.aport)},
+		"storage": map[string]any{"module": "file_system", "root": p.storage},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{
 			"level":  "DEBUG",
 			"writer": map[string]any{"output": "file", "filename": p.logPath},

@@ -176,19 +176,26 @@ func (h *Handler) provisionKeys() error {
 		h.keys = nil
 		return fmt.Errorf("llm_route config: %s", strings.Join(errs, "; "))
 	}
+	var created []string
 	for _, k := range h.keys {
-		keyStore.Acquire(k.id)
+		if keyStore.Acquire(k.id) {
+			created = append(created, k.id)
+		}
 		h.keyIDs = append(h.keyIDs, k.id)
 	}
 	h.keyStore = keyStore
 	if h.fleet != nil {
 		h.keyStore = &fleetKeys{f: h.fleet, local: keyStore}
+	} else if st := storageOf(h.ctx); st != nil {
+		h.restoreKeyUsage(st, created)
 	}
 	return nil
 }
 
-// releaseKeys drops this instance's references to the key accounts.
+// releaseKeys saves the keys' usage and drops this instance's references
+// to the key accounts.
 func (h *Handler) releaseKeys() {
+	h.saveKeyUsage()
 	for _, id := range h.keyIDs {
 		keyStore.Release(id)
 	}

@@ -328,7 +328,11 @@ func (h *Handler) settleAttempt(kr *keyReq, t *target, res attemptResult) {
 	if actual.Spend > 0 {
 		kr.k.spend.Add(float64(actual.Spend) / 1e9)
 	}
-	h.keyStore.Settle(kr.hold, actual, time.Now())
+	if kr.hold.ID != "" {
+		h.keyStore.Settle(kr.hold, actual, time.Now())
+	} else { // a key without a budget reserved nothing; its use still counts
+		h.keyStore.Record(kr.k.id, actual, time.Now())
+	}
 	kr.hold = keys.Hold{}
 	if res.out != outFailover {
 		kr.served(res.result)

@@ -110,20 +110,41 @@ func (s *fleetKeys) Room(id string, now time.Time, b keys.Budget, a keys.Amount)
 // (lease_ttl, no longer renewed) and the settlement is sent again with each
 // renewal until Redis takes it (the script adds the use whether the lease
 // is still there or not), so a request's real cost is never lost; the
-// client stays open for it meanwhile. Settling gives back the hold on the
+// client stays open for it meanwhile. Redis records each reservation it
+// settled, so a settlement it applied but whose reply was lost is not
+// charged again when it is sent again. Settling gives back the hold on the
 // client that Reserve took.
 func (s *fleetKeys) Settle(h keys.Hold, actual keys.Amount, now time.Time) {
 	if !h.Shared {
 		s.local.Settle(h, actual, now)
 		return
 	}
-	s.local.Settle(keys.Hold{ID: h.ID}, actual, now) // the local mirror: use only
+	s.local.Record(h.ID, actual, now) // the local mirror: use only
+	s.settleShared(h, actual, now)
+}
+
+// settleShared sends the settlement of a shared hold, whose client hold
+// it gives back, or keeps for the retry when Redis does not take it.
+func (s *fleetKeys) settleShared(h keys.Hold, actual keys.Amount, now time.Time) {
 	if err := s.f.store.KeySettle(context.Background(), h, actual, now); err != nil {
 		s.f.failed(err)
 		s.f.settleLater.add(s.f, pendingSettle{h, actual, now}) // keeps the client hold
 		return
 	}
 	s.f.done()
+}
+
+// Record implements keys.Store: the use of a key without a budget is
+// added in Redis as well (a hold that reserved nothing, settled once like
+// a reservation), so that every instance's status shows the fleet's use.
+// While Redis is away it is counted here only, as a fallback reservation's
+// use is.
+func (s *fleetKeys) Record(id string, actual keys.Amount, now time.Time) {
+	s.local.Record(id, actual, now)
+	if actual == (keys.Amount{}) || !s.f.healthy.Load() || !s.f.use() {
+		return
+	}
+	s.settleShared(s.f.store.UseHold(id, now), actual, now)
 }
 
 // maxPendingSettles bounds the settlements kept for a Redis that does not

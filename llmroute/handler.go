@@ -158,6 +158,9 @@ type Handler struct {
 	keys     map[[32]byte]*clientKey // by SHA-256 of the secret; nil = no keys configured
 	keyIDs   []string                // accounts this instance acquired in keyStore
 	keyStore keys.Store
+	// usageStorage is where the keys' usage is saved (keyusage.go); nil
+	// when it is not (state redis, or no keys).
+	usageStorage usageStorage
 
 	stopProber chan struct{}
 	proberDone chan struct{}

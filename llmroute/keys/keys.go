@@ -5,7 +5,7 @@
 // afterwards.
 //
 // The request path sees only Store. Memory is the embedded implementation;
-// a shared backend (Redis) implements the same four methods, each
+// a shared backend (Redis) implements the same methods, each
 // as one atomic server-side step, and plugs in without touching the
 // request path. Amounts are integers (tokens, nano-USD) so that a backend
 // can add and compare them atomically without floating point.
@@ -136,6 +136,11 @@ type Store interface {
 	// they last, else in those of now). Settling with a zero actual is a
 	// release. Settling the zero Hold does nothing.
 	Settle(h Hold, actual Amount, now time.Time)
+
+	// Record adds actual to the use of key id in the periods of now, for
+	// a request that reserved nothing (a key without a budget): its usage
+	// shows as a budgeted key's does.
+	Record(id string, actual Amount, now time.Time)
 
 	// Usage reads the key's accounting in the periods of now.
 	Usage(id string, now time.Time) Usage

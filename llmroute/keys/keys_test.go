@@ -196,3 +196,45 @@ func TestRoomChecksWithoutReserving(t *testing.T) {
 		t.Fatalf("after the checks %+v, want the one reservation", u)
 	}
 }
+
+// A snapshot holds the settled use (not the reservations) in the current
+// periods; restored into a new account it counts on, but only for the
+// periods that are still current: on the next day the month's spend comes
+// back and the day's does not, in the next month neither does.
+func TestSnapshotRestoreCurrentPeriodsOnly(t *testing.T) {
+	m := NewMemory()
+	m.Acquire("k")
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	h, _ := m.Reserve("k", now, Budget{TokensPerDay: 1000}, Amount{Tokens: 500, Spend: 50})
+	m.Settle(h, Amount{Tokens: 100, Spend: 10}, now)
+	m.Record("k", Amount{Tokens: 20, Spend: 2}, now)
+	if _, l := m.Reserve("k", now, Budget{TokensPerDay: 1000}, Amount{Tokens: 300}); l != LimitNone {
+		t.Fatal(l)
+	}
+	snap, n := m.Snapshot(now)
+	want := Saved{Day: Day(now), Month: Month(now), TokensToday: 120, SpendToday: 12, SpendMonth: 12}
+	if len(snap) != 1 || snap["k"] != want || n != 2 || m.Changes() != 2 {
+		t.Fatalf("snapshot %+v after %d changes, want {k: %+v} after 2", snap, n, want)
+	}
+	for _, tc := range []struct {
+		at   time.Time
+		want Usage
+	}{
+		{now.Add(time.Hour), Usage{TokensToday: 120, SpendToday: 12, SpendMonth: 12}}, // the same day
+		{now.Add(24 * time.Hour), Usage{SpendMonth: 12}},                              // the next day: the month's spend only
+		{time.Date(2026, 4, 1, 0, 0, 1, 0, time.UTC), Usage{}},                        // the next month: nothing
+		{time.Date(2027, 3, 10, 12, 0, 0, 0, time.UTC), Usage{}},                      // the same date a year later
+	} {
+		r := NewMemory()
+		if !r.Acquire("k") {
+			t.Fatal("a new account was not reported created")
+		}
+		r.Restore("k", snap["k"], tc.at)
+		if u := r.Usage("k", tc.at); u != tc.want {
+			t.Errorf("restored at %v: %+v, want %+v", tc.at, u, tc.want)
+		}
+		if r.Acquire("k") {
+			t.Fatal("a second Acquire reported the account created")
+		}
+	}
+}

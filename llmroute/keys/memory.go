@@ -2,6 +2,7 @@ package keys
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,6 +17,10 @@ type Memory struct {
 
 	mu   sync.Mutex
 	refs map[string]int
+
+	// changes counts the settlements that added use, so that a saver of
+	// the usage (Snapshot) can tell whether there is anything new.
+	changes atomic.Uint64
 }
 
 // NewMemory returns an empty store.
@@ -34,14 +39,17 @@ type account struct {
 }
 
 // Acquire marks id as used by one more config and creates its account on
-// first use.
-func (m *Memory) Acquire(id string) {
+// first use, which it reports: only a new account may be given a saved
+// usage (Restore), one a running config uses counts on.
+func (m *Memory) Acquire(id string) (created bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.refs[id] == 0 {
 		m.accounts.LoadOrStore(id, new(account))
+		created = true
 	}
 	m.refs[id]++
+	return created
 }
 
 // Release marks id as no longer used by one config; the account is dropped
@@ -169,6 +177,30 @@ func (m *Memory) Settle(h Hold, actual Amount, now time.Time) {
 	if h.Month == a.month {
 		a.resMonth -= h.Reserved.Spend
 	}
+	if actual != (Amount{}) {
+		m.changes.Add(1)
+	}
+	a.add(actual)
+}
+
+// Record implements Store.
+func (m *Memory) Record(id string, actual Amount, now time.Time) {
+	if actual == (Amount{}) {
+		return
+	}
+	a := m.lookup(id)
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	a.add(actual)
+	m.changes.Add(1)
+}
+
+// add counts actual as used (a.mu held, periods rolled).
+func (a *account) add(actual Amount) {
 	a.usedTokens += actual.Tokens
 	a.usedDay += actual.Spend
 	a.usedMonth += actual.Spend
@@ -185,6 +217,58 @@ func (m *Memory) Usage(id string, now time.Time) Usage {
 	a.roll(now)
 	return Usage{TokensToday: a.usedTokens, SpendToday: a.usedDay, SpendMonth: a.usedMonth,
 		ReservedToken: a.resTokens, ReservedSpend: a.resDay}
+}
+
+// Saved is a key's settled use as it is kept across restarts: the UTC
+// day and month it was counted in (as Day and Month give them) and the
+// amounts. Reservations are not kept: the requests that held them are gone.
+type Saved struct {
+	Day, Month  int64
+	TokensToday int64
+	SpendToday  NanoUSD
+	SpendMonth  NanoUSD
+}
+
+// Snapshot returns the settled use of every account that has some in the
+// periods of now, and the count of settlements so far (Changes).
+func (m *Memory) Snapshot(now time.Time) (map[string]Saved, uint64) {
+	n := m.changes.Load() // before the reads: a later change is saved next time
+	out := make(map[string]Saved)
+	m.accounts.Range(func(k, v any) bool {
+		a := v.(*account)
+		a.mu.Lock()
+		a.roll(now)
+		s := Saved{Day: a.day, Month: a.month, TokensToday: a.usedTokens, SpendToday: a.usedDay, SpendMonth: a.usedMonth}
+		a.mu.Unlock()
+		if s.TokensToday != 0 || s.SpendToday != 0 || s.SpendMonth != 0 {
+			out[k.(string)] = s
+		}
+		return true
+	})
+	return out, n
+}
+
+// Changes counts the settlements that added use so far.
+func (m *Memory) Changes() uint64 { return m.changes.Load() }
+
+// Restore gives the account of id the use s it had before a restart, as
+// far as s is of the periods of now: a past day's use does not come back
+// as today's (nor a past month's as this month's). It replaces what the
+// account has used; call it only for an account Acquire has just created.
+func (m *Memory) Restore(id string, s Saved, now time.Time) {
+	a := m.lookup(id)
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(now)
+	if s.Day == a.day {
+		a.usedTokens, a.usedDay = s.TokensToday, s.SpendToday
+	}
+	if s.Month == a.month {
+		a.usedMonth = s.SpendMonth
+	}
 }
 
 var _ Store = (*Memory)(nil)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,7 +104,7 @@ func (s *Store) KeyReserve(ctx context.Context, id string, now time.Time, b keys
 	a = keys.Amount{Tokens: max(a.Tokens, 0), Spend: max(a.Spend, 0)} // the lease's format has no sign
 	day, month := keys.Day(now), keys.Month(now)
 	accounts := s.keyAccounts(id, day, month)
-	member := fmt.Sprintf("%s.%d:%d:%d:%d:%d", s.instance, s.leases.seq.Add(1), day, month, a.Tokens, a.Spend)
+	member := s.member(day, month, a)
 	n, err := s.run(ctx, keyReserveScript, accounts,
 		b.TokensPerDay, b.SpendPerDay, b.SpendPerMonth, a.Tokens, a.Spend, dayTTL, monthTTL,
 		day, month, s.ttlMS, member).Int64()
@@ -124,6 +125,43 @@ func (s *Store) KeyReserve(ctx context.Context, id string, now time.Time, b keys
 	return keys.Hold{ID: id, Day: day, Month: month, Reserved: a, Shared: true, Lease: member}, keys.LimitNone, nil
 }
 
+// member names a new reservation of a in day and month:
+// "<tag>.<number>:<day>:<month>:<tokens>:<spend>" (see key_lease.lua),
+// unique among every Store's.
+func (s *Store) member(day, month int64, a keys.Amount) string {
+	return fmt.Sprintf("%s.%d:%d:%d:%d:%d", s.tag, s.leases.seq.Add(1), day, month, a.Tokens, a.Spend)
+}
+
+// UseHold is a hold that reserved nothing, for use to be added to key id
+// (a key without a budget, whose usage is still shown): settling it adds
+// the use, once however often it is sent, like a reservation's.
+func (s *Store) UseHold(id string, now time.Time) keys.Hold {
+	day, month := keys.Day(now), keys.Month(now)
+	return keys.Hold{ID: id, Day: day, Month: month, Shared: true, Lease: s.member(day, month, keys.Amount{})}
+}
+
+// settledBlock is how many reservations of a Store share one settled
+// bitmap: 8 KiB of Redis memory at most.
+const settledBlock = 1 << 16
+
+// settledBit names the bit that records a settlement of the reservation
+// whose member is lease: in the settled bitmap of its Store (the one that
+// reserved it, whichever settles it) and its number's block. ok is false
+// for a member not in that form.
+func (s *Store) settledBit(lease string) (key, bit string, ok bool) {
+	head, _, _ := strings.Cut(lease, ":")
+	dot := strings.LastIndexByte(head, '.')
+	if dot < 0 {
+		return "", "", false
+	}
+	n, err := strconv.ParseUint(head[dot+1:], 10, 64)
+	if err != nil {
+		return "", "", false
+	}
+	return s.prefix + "settled:" + head[:dot] + ":" + strconv.FormatUint(n/settledBlock, 10),
+		strconv.FormatUint(n%settledBlock, 10), true
+}
+
 // KeyRoom is KeyReserve's check without the reservation (keys.Store.Room).
 func (s *Store) KeyRoom(ctx context.Context, id string, now time.Time, b keys.Budget, a keys.Amount) (keys.Limit, error) {
 	if b.Empty() {
@@ -141,7 +179,9 @@ func (s *Store) KeyRoom(ctx context.Context, id string, now time.Time, b keys.Bu
 }
 
 // KeySettle ends the reservation h, adding actual to the key's use in the
-// periods of now (keys.Store.Settle).
+// periods of now (keys.Store.Settle). It is applied once per reservation:
+// sending it again, after an error that left unknown whether Redis took
+// it, charges nothing more.
 func (s *Store) KeySettle(ctx context.Context, h keys.Hold, actual keys.Amount, now time.Time) error {
 	if h.ID == "" {
 		return nil
@@ -156,9 +196,16 @@ func (s *Store) KeySettle(ctx context.Context, h keys.Hold, actual keys.Amount, 
 		}
 		return "0"
 	}
-	return s.run(ctx, keySettleScript, s.keyAccounts(h.ID, day, month),
+	// A settlement is recorded as applied, so that one sent again after
+	// its reply was lost is not charged twice. The record is kept as long
+	// as a day's accounting (two days after its block's last settlement).
+	settled, bit, ok := s.settledBit(h.Lease)
+	if !ok {
+		settled, bit = s.prefix+"settled:none", ""
+	}
+	return s.run(ctx, keySettleScript, append(s.keyAccounts(h.ID, day, month), settled),
 		flag(h.Day == day), flag(h.Month == month), -h.Reserved.Tokens, -h.Reserved.Spend,
-		actual.Tokens, actual.Spend, dayTTL, monthTTL, h.Lease).Err()
+		actual.Tokens, actual.Spend, dayTTL, monthTTL, h.Lease, bit).Err()
 }
 
 // RenewKeyLeases pushes on the leases of the reservations this Store holds.

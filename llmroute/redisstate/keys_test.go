@@ -267,3 +267,100 @@ func TestKeyRoomChecksWithoutReserving(t *testing.T) {
 		t.Fatalf("the checking instance holds %d leases", n)
 	}
 }
+
+// A settlement is applied once per reservation: one sent again because its
+// reply was lost (Redis applied it, the caller timed out) is a no-op, and
+// so is a third send; another reservation of the same amounts still
+// counts, and so does a late settlement of a lapsed lease.
+func TestKeySettleTwiceChargesOnce(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := open(addr, "a", time.Minute)
+	defer s.Close()
+	now := time.Now()
+	budget := keys.Budget{TokensPerDay: 1000, SpendPerDay: keys.USD(1), SpendPerMonth: keys.USD(5)}
+	each := keys.Amount{Tokens: 100, Spend: keys.USD(0.05)}
+	used := keys.Amount{Tokens: 40, Spend: keys.USD(0.01)}
+
+	h, limit, err := s.KeyReserve(ctx, "k", now, budget, each)
+	if err != nil || limit != keys.LimitNone {
+		t.Fatal(limit, err)
+	}
+	for range 3 {
+		if err := s.KeySettle(ctx, h, used, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := s.KeyUsage(ctx, "k", now)
+	want := keys.Usage{TokensToday: 40, SpendToday: keys.USD(0.01), SpendMonth: keys.USD(0.01)}
+	if err != nil || u != want {
+		t.Fatalf("after settling one reservation three times: %+v, %v; want it charged once: %+v", u, err, want)
+	}
+
+	h2, limit, err := s.KeyReserve(ctx, "k", now, budget, each)
+	if err != nil || limit != keys.LimitNone {
+		t.Fatal(limit, err)
+	}
+	if err := s.KeySettle(ctx, h2, used, now); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := s.KeyUsage(ctx, "k", now); u.TokensToday != 80 || u.ReservedToken != 0 {
+		t.Fatalf("a second reservation of the same amounts: %+v, want 80 tokens used, none reserved", u)
+	}
+}
+
+// A real lost reply: Redis is busy (a long script on another connection)
+// when the settlement is sent, the caller's timeout passes, and Redis
+// applies the settlement afterwards, answering nobody. The caller sees an
+// error and sends it again, as fleetKeys does with each renewal: the
+// reservation is charged once.
+func TestKeySettleReplyLostThenResent(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	s := Open(Options{Address: addr, Prefix: "x:", Timeout: 200 * time.Millisecond, LeaseTTL: time.Minute}, "a")
+	defer s.Close()
+	now := time.Now()
+	h, limit, err := s.KeyReserve(ctx, "k", now, keys.Budget{TokensPerDay: 1000}, keys.Amount{Tokens: 100})
+	if err != nil || limit != keys.LimitNone {
+		t.Fatal(limit, err)
+	}
+	// Load the settle script first: a script Redis does not know yet is
+	// refused (NOSCRIPT) rather than applied late.
+	warm, _, _ := s.KeyReserve(ctx, "warm", now, keys.Budget{TokensPerDay: 1000}, keys.Amount{Tokens: 1})
+	if err := s.KeySettle(ctx, warm, keys.Amount{}, now); err != nil {
+		t.Fatal(err)
+	}
+	busy := open(addr, "busy", time.Minute)
+	defer busy.Close()
+	started := make(chan struct{})
+	go func() {
+		close(started)
+		// Keeps Redis from reading anything else for 1 s.
+		_ = busy.c.Eval(ctx, `local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1000000
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1`, nil).Err()
+	}()
+	<-started
+	time.Sleep(100 * time.Millisecond) // the script is running
+	if err := s.KeySettle(ctx, h, keys.Amount{Tokens: 40}, now); err == nil {
+		t.Fatal("the settlement was answered while Redis was busy; the test lost its premise")
+	}
+	var u keys.Usage
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if u, err = s.KeyUsage(ctx, "k", now); err == nil && u.TokensToday != 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if u.TokensToday != 40 || u.ReservedToken != 0 {
+		t.Fatalf("after the busy spell: %+v, want the unanswered settlement applied (40 used, nothing reserved)", u)
+	}
+	if err := s.KeySettle(ctx, h, keys.Amount{Tokens: 40}, now); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := s.KeyUsage(ctx, "k", now); err != nil || u.TokensToday != 40 {
+		t.Fatalf("after sending the settlement again: %+v, %v; want 40 tokens used (charged once)", u, err)
+	}
+}

@@ -84,7 +84,15 @@ type Store struct {
 	pairsMu  sync.RWMutex
 	pairs    map[pairID]*pair // see pairOf
 	leases   leases           // client-key reservations held (keys.go)
+
+	// tag names this Store's reservations (keys.go): the instance id is
+	// process-wide, and a reload may open a second Store beside this one
+	// whose reservation numbers start over.
+	tag string
 }
+
+// opened numbers the Stores of this process.
+var opened atomic.Uint64
 
 // Open returns a store; it does not connect until the first call, so a
 // Redis that is down at start-up does not stop the caller.
@@ -122,6 +130,7 @@ func Open(o Options, instance string) *Store {
 		c:        c,
 		prefix:   o.Prefix,
 		instance: instance,
+		tag:      instance + "." + strconv.FormatUint(opened.Add(1), 10),
 		timeout:  o.Timeout,
 		ttlMS:    strconv.FormatInt(o.LeaseTTL.Milliseconds(), 10),
 		b:        newBatcher(c, o.Timeout/4),
