@@ -63,7 +63,7 @@ func (r *sessionRegistry) ID(body []byte) string {
 		return r.local.Resolve(h)
 	}
 	if r.failing.CompareAndSwap(true, false) {
-		f.logger.Load().Warn("shared session registry reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
+		f.logger.Load().Info("shared session registry reachable, using it", zap.String("backend", "redis"), zap.String("address", f.address))
 	}
 	r.local.Record(h, id)
 	return id
