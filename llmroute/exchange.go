@@ -266,6 +266,7 @@ func (ex *exchange) chooseSinks() {
 	// Token usage is read from what reaches the client, when it is plain
 	// text (a compressed body is passed through unread).
 	ex.out.scanUsage = resp.StatusCode < 300 && identityEncoded(resp)
+	ex.out.scanFinish = ex.fr.api == apiChat && ex.plainSSE && resp.StatusCode < 300
 	if ex.translated {
 		ex.chooseTranslator(rewrite)
 		return
@@ -320,10 +321,7 @@ func (ex *exchange) copyResponse() *streamErr {
 	}
 	defer ex.out.stop()
 	defer ex.releaseRewriter()
-	err := pump(ex.sink, ex.resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8)
-	if err == nil {
-		err = ex.sink.end()
-	}
+	err := ex.endStream(pump(ex.sink, ex.resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8))
 	if err == nil {
 		return nil
 	}
@@ -331,6 +329,44 @@ func (ex *exchange) copyResponse() *streamErr {
 		return se // a continuation takes the stream on (resume.go)
 	}
 	return ex.streamFailure(err)
+}
+
+// errUnfinished: the upstream ended an event stream cleanly before the
+// answer's end. A backend killed mid-answer whose body is delimited by the
+// connection's close looks like that, and so does an engine that stops a
+// generation without saying why.
+var errUnfinished = errors.New("the upstream ended the stream before the answer's end (no finish reason, no [DONE], no final event)")
+
+// endStream completes a body copy that ended with err: a clean end lets the
+// sink chain emit what it holds, then checks that the stream had its end.
+// A translator finds that out itself (its end returns an error).
+func (ex *exchange) endStream(err error) error {
+	if err == nil {
+		err = ex.sink.end()
+	}
+	if err == nil && ex.unfinished() {
+		err = errUnfinished
+	}
+	return err
+}
+
+// unfinished reports a plain event stream, passed through, that ended
+// without its end: a chat stream with neither a finish reason nor [DONE],
+// a native Messages stream without message_stop, a native Responses stream
+// without response.completed or response.incomplete. A finish reason
+// without [DONE] is a whole answer (some servers never send it). A
+// compressed stream is not read, so it is not judged.
+func (ex *exchange) unfinished() bool {
+	if !ex.plainSSE || ex.resp.StatusCode >= 300 || ex.out.done {
+		return false
+	}
+	switch {
+	case ex.native:
+		return ex.fr.api == apiMessages || ex.fr.api == apiResponses
+	case ex.fr.api == apiChat:
+		return !ex.out.finish.seen
+	}
+	return false
 }
 
 // releaseRewriter returns the think rewriter to its pool, unless a

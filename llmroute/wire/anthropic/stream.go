@@ -2,6 +2,7 @@ package anthropic
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
@@ -33,9 +34,10 @@ const (
 // signature_delta; a text block; one tool_use block per tool call index,
 // started with "input":{} and filled by input_json_delta partial_json. The
 // usage chunk a chat upstream sends last (stream_options.include_usage) is
-// consumed: its counts go into message_delta. [DONE] (or Close at EOF)
-// finishes the message. An {"error":…} payload becomes an "event: error" and
-// ends the stream.
+// consumed: its counts go into message_delta. [DONE] (or Close at EOF after
+// a finish_reason) finishes the message; Close at EOF with neither returns
+// ErrUnfinished and emits nothing final: the answer was cut. An {"error":…}
+// payload becomes an "event: error" and ends the stream.
 //
 // Write accepts arbitrary chunking (byte by byte gives the same events). Each
 // event is handed to emit whole, once; emit's slice is only valid during the
@@ -58,7 +60,7 @@ type Stream struct {
 	index             int // index of the open (or last) block
 	blocks            int // blocks started: the next block's index
 	tools             []toolState
-	stop              string
+	stop              string // from the finish_reason, "" until one came
 	usage             usageCounts
 	msgID, model      []byte
 }
@@ -160,8 +162,13 @@ func (s *Stream) endLine() {
 	// event:, id:, retry: and comments carry nothing for the translation.
 }
 
-// Close finishes the message when the upstream ended without [DONE]. Data
-// of an unterminated last event is handled first.
+// ErrUnfinished is returned by Close when the upstream ended the stream
+// with neither a finish_reason nor [DONE]: the answer was cut, and the
+// caller ends the stream with Fail (or has it continued elsewhere).
+var ErrUnfinished = errors.New("anthropic: the chat stream ended without a finish_reason or [DONE]")
+
+// Close finishes the message when the upstream ended without [DONE] after
+// a finish_reason. Data of an unterminated last event is handled first.
 func (s *Stream) Close() error {
 	if s.err != nil {
 		return s.err
@@ -171,6 +178,9 @@ func (s *Stream) Close() error {
 	}
 	s.dispatch()
 	if !s.finished && s.err == nil {
+		if s.stop == "" {
+			return ErrUnfinished
+		}
 		s.finish()
 	}
 	return s.err
@@ -287,7 +297,7 @@ func (s *Stream) chunk(c []byte) {
 	if delta != nil && delta[0] == '{' {
 		s.delta(delta)
 	}
-	if finish != nil && finish[0] == '"' {
+	if nonEmptyString(finish) {
 		s.stop = stopReason(finish, len(s.tools) > 0)
 	}
 }

@@ -2,6 +2,7 @@ package responses
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -146,8 +147,15 @@ func (s *Stream) Write(p []byte) (int, error) {
 	return n, s.err
 }
 
-// Close ends a stream whose upstream ended cleanly: the open item is
-// closed and the final event emitted, unless that happened already.
+// ErrUnfinished is returned by Close when the upstream ended the stream
+// with neither a finish_reason nor [DONE]: the answer was cut, and the
+// caller ends the stream with Fail (or has it continued elsewhere).
+var ErrUnfinished = errors.New("responses: the chat stream ended without a finish_reason or [DONE]")
+
+// Close ends a stream whose upstream ended cleanly after a finish_reason:
+// the open item is closed and the final event emitted, unless that
+// happened already. Without a finish_reason nothing final is emitted and
+// Close returns ErrUnfinished.
 func (s *Stream) Close() error {
 	if s.finished || s.err != nil {
 		return s.err
@@ -157,6 +165,12 @@ func (s *Stream) Close() error {
 		s.line = s.line[:0]
 	}
 	s.onLine(nil)
+	if s.finished || s.err != nil {
+		return s.err
+	}
+	if len(s.finish) == 0 {
+		return ErrUnfinished
+	}
 	s.complete()
 	return s.err
 }
