@@ -65,10 +65,12 @@ type Stream struct {
 	msgID, model      []byte
 }
 
-// toolState maps a chat tool_calls index to its content block index.
+// toolState maps a chat tool call (its tool_calls index and id) to its
+// content block index.
 type toolState struct {
 	chatIndex int64
 	block     int
+	id        []byte // the call's id as sent (a JSON string), nil for none
 }
 
 // NewStream returns a Stream that emits through emit.
@@ -372,13 +374,7 @@ func (s *Stream) toolDelta(tc []byte) {
 	if fn != nil && fn[0] == '{' {
 		name, args = jsonscan.ObjGet(fn, "name"), jsonscan.ObjGet(fn, "arguments")
 	}
-	ci := intOf(idx)
-	block := -1
-	for _, t := range s.tools {
-		if t.chatIndex == ci {
-			block = t.block
-		}
-	}
+	ci, block := s.toolFor(idx, id)
 	if block < 0 {
 		// A new call: its first delta carries id and name.
 		s.out = append(s.out[:0], `{"type":"tool_use","id":`...)
@@ -391,13 +387,53 @@ func (s *Stream) toolDelta(tc []byte) {
 		s.out = append(s.out, `,"input":{}}`...)
 		s.openBlockRaw(blockTool)
 		block = s.index
-		s.tools = append(s.tools, toolState{chatIndex: ci, block: block})
+		var tid []byte
+		if nonEmptyString(id) {
+			tid = append(tid, id...)
+		}
+		s.tools = append(s.tools, toolState{chatIndex: ci, block: block, id: tid})
 	}
 	if nonEmptyString(args) {
 		// A delta for a call whose block was closed (interleaved calls)
 		// still names that call's block index.
 		s.blockDelta(block, `{"type":"input_json_delta","partial_json":`, args)
 	}
+}
+
+// toolFor finds the call a tool_calls delta belongs to: by its index, or,
+// without one (some upstreams number nothing), the last call. A delta whose
+// id differs from that call's is a new call even so (the first delta of
+// each call carries its id; some upstreams give every call index 0).
+// block -1 means a new call, whose chat index is ci.
+func (s *Stream) toolFor(idx, id []byte) (ci int64, block int) {
+	block = -1
+	var found *toolState
+	if idx != nil {
+		ci = intOf(idx)
+		for i := range s.tools {
+			if s.tools[i].chatIndex == ci {
+				found = &s.tools[i] // the latest call with the index
+			}
+		}
+	} else {
+		ci = int64(len(s.tools))
+		if len(s.tools) > 0 {
+			found = &s.tools[len(s.tools)-1]
+		}
+	}
+	if found == nil {
+		return ci, -1
+	}
+	// An indexed call that came without an id takes the id as its own.
+	if nonEmptyString(id) && (found.id != nil || idx == nil) && !bytes.Equal(id, found.id) {
+		for i := range s.tools {
+			if bytes.Equal(s.tools[i].id, id) {
+				return s.tools[i].chatIndex, s.tools[i].block // an earlier call, named again
+			}
+		}
+		return ci, -1
+	}
+	return found.chatIndex, found.block
 }
 
 // start emits message_start and ping.
