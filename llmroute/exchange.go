@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -200,6 +201,11 @@ func (ex *exchange) run(body []byte) attemptResult {
 		defer putBuffer(whole)
 		if err := ex.readWhole(whole); err != nil {
 			return h.classifyError(r, u, &ex.w8, ex.ctx, err)
+		}
+		if ex.translated && ex.firstErr == nil {
+			if res, refused := ex.tooBigToTranslate(); refused {
+				return res
+			}
 		}
 	}
 
@@ -514,6 +520,34 @@ func (ex *exchange) readWhole(whole *bytes.Buffer) error {
 		ex.firstErr = nil // more may follow
 	}
 	return nil
+}
+
+// tooBigToTranslate handles a translated non-stream answer larger than
+// max_rewrite_size. Passing it on as it came would hand a Messages or
+// Responses client chat JSON it cannot read, and translating it would mean
+// holding more than the operator allowed in memory: a 2xx answer becomes a
+// 502 in the front's shape that names the setting (refused true); an
+// upstream error is translated from what was read, which holds its message.
+func (ex *exchange) tooBigToTranslate() (attemptResult, bool) {
+	if ex.resp.StatusCode >= 300 {
+		ex.firstErr = io.EOF // translate the start of the error body
+		return attemptResult{}, false
+	}
+	ex.u.recordSuccess(time.Now()) // the upstream answered; the bound is ours
+	if c := ex.h.logger.Check(zapcore.WarnLevel, "translated answer larger than max_rewrite_size"); c != nil {
+		c.Write(zap.String("upstream", ex.u.id), zap.Stringer("api", ex.fr.api), zap.Int64("max_rewrite_size", ex.h.maxRewrite))
+	}
+	msg := "the upstream's answer is larger than max_rewrite_size (" + strconv.FormatInt(ex.h.maxRewrite, 10) +
+		" bytes), the most a non-stream answer translated from chat completions may be; raise max_rewrite_size, or send the request with stream: true"
+	var body []byte
+	if ex.fr.api == apiMessages {
+		body = anthropic.ErrorBody(http.StatusBadGateway, "response_too_large", msg)
+	} else {
+		body = responses.ErrorBody(http.StatusBadGateway, "response_too_large", msg)
+	}
+	ex.w.Header().Set("Cache-Control", "no-store")
+	writeJSON(ex.w, http.StatusBadGateway, body)
+	return attemptResult{out: outDone, result: result5xx, status: http.StatusBadGateway}, true
 }
 
 // copyCompletion sends a non-stream body read by readWhole through ex.body.
