@@ -28,6 +28,7 @@ func closeDelimited(events []string) http.HandlerFunc {
 		conn, brw := faultHijack(w)
 		defer conn.Close()
 		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n")
+		_ = brw.Flush()
 		for _, ev := range events {
 			_, _ = brw.WriteString(ev)
 			_ = brw.Flush()
@@ -354,4 +355,31 @@ func TestUnfinishedStreamResponses(t *testing.T) {
 		}
 		wantBlamed(t, p, n0, true)
 	})
+}
+
+// TestEmptyStreamFailsOver: an upstream that answers 200 with an event
+// stream and closes it without a byte gave no answer; nothing has reached
+// the client, so the next upstream answers. With none left the client gets
+// the 503 of a failed request, not an empty 200.
+func TestEmptyStreamFailsOver(t *testing.T) {
+	a := newUpstream(t, closeDelimited(nil))
+	b := newUpstream(t, completion("from b"))
+	conf := resumeConfig(a, b, "30s")
+	conf["models"] = []map[string]any{obj("name", "m", "upstreams", []string{"a", "b"})}
+	p := startProxy(t, conf)
+	n0 := p.requests("m", "a", "pa", "net_err")
+	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	body, err := faultRead(resp)
+	if err != nil || resp.StatusCode != http.StatusOK || body != strings.Join(sseChunks("from b"), "") {
+		t.Fatalf("status %d, read error %v, body %q: want b's stream", resp.StatusCode, err, body)
+	}
+	wantBlamed(t, p, n0, false)
+
+	conf["models"] = []map[string]any{obj("name", "m", "upstreams", []string{"a"})}
+	p.load(conf)
+	resp = p.chat(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	body, _ = faultRead(resp)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "all_upstreams_failed") {
+		t.Fatalf("status %d body %q: want 503 all_upstreams_failed", resp.StatusCode, body)
+	}
 }

@@ -189,6 +189,14 @@ func (ex *exchange) run(body []byte) attemptResult {
 			return h.classifyError(r, u, &ex.w8, ex.ctx, rerr)
 		}
 		ex.first, ex.firstErr = (*ex.buf)[:n], rerr
+		if n == 0 && rerr == io.EOF && resp.StatusCode < 300 && isEventStream(resp) {
+			// An event stream closed before its first byte gave no answer,
+			// and nothing has reached the client: the next upstream may.
+			if c := h.logger.Check(zapcore.WarnLevel, "upstream closed an empty stream, failing over"); c != nil {
+				c.Write(zap.String("upstream", u.id))
+			}
+			return attemptResult{out: outFailover, result: resultNetErr}
+		}
 	}
 	ex.w8.stop()
 
