@@ -158,7 +158,10 @@ func TestFaultStreamCut(t *testing.T) {
 		upstreams = append(upstreams, obj("id", id+"-u", "provider", id, "model", "x"))
 		models = append(models, obj("name", id, "upstreams", []string{id + "-u"}))
 	}
-	clean := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { writeStream(w, events, 0) })
+	// A clean end after a finish reason, without [DONE], is a whole answer
+	// (without either it is a cut: unfinished_stream_test.go).
+	finished := append(events[:3:3], `data: {"id":"chatcmpl-cut","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n")
+	clean := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { writeStream(w, finished, 0) })
 	providers = append(providers, obj("id", "f3-clean", "url", clean.base()))
 	upstreams = append(upstreams, obj("id", "f3-clean-u", "provider", "f3-clean", "model", "x"))
 	models = append(models, obj("name", "f3-clean", "upstreams", []string{"f3-clean-u"}))
@@ -204,7 +207,7 @@ func TestFaultStreamCut(t *testing.T) {
 			t.Errorf("result net_err counted %v times, want 1", d)
 		}
 	})
-	t.Run("clean EOF without [DONE] passes as it came", func(t *testing.T) {
+	t.Run("clean EOF after a finish reason without [DONE] passes as it came", func(t *testing.T) {
 		before := p.requests("f3-clean", "f3-clean-u", "f3-clean", "ok")
 		resp := p.chat(chatBody("f3-clean", true))
 		body, err := faultRead(resp)
@@ -212,7 +215,7 @@ func TestFaultStreamCut(t *testing.T) {
 			t.Fatalf("the body did not end cleanly: %v", err)
 		}
 		body, _ = faultStripKeepalives(t, body) // a loaded machine may pause 50ms
-		if want := strings.Join(events, ""); body != want {
+		if want := strings.Join(finished, ""); body != want {
 			t.Errorf("body\n got %q\nwant %q", body, want)
 		}
 		if d := p.requests("f3-clean", "f3-clean-u", "f3-clean", "ok") - before; d != 1 {
@@ -563,10 +566,13 @@ func TestFaultMalformedUpstreamData(t *testing.T) {
 		pauses map[int]time.Duration
 		hdr    []string
 		gzip   bool // client sends Accept-Encoding: gzip; compare raw bytes
+		cut    bool // no finish reason, no [DONE]: ended with the error event
 	}{
 		{name: "data line not JSON", stream: true, pieces: []string{ev[0], "data: {not json at all\n\n", "data: plain words\n\n", ": a comment\n\n", ev[1], "data: [DONE]\n\n"}},
 		{name: "event over max_rewrite_size", stream: true, pieces: []string{ev[0], big, ev[1], "data: [DONE]\n\n"}},
-		{name: "not SSE at all", stream: true, pieces: []string{"this is not an event stream\n", "at all, <think>no</think>"}},
+		// Without a finish reason or [DONE] the end is a cut: the bytes as
+		// they came, then the error event.
+		{name: "not SSE at all", stream: true, pieces: []string{"this is not an event stream\n", "at all, <think>no</think>"}, cut: true},
 		{name: "gzip stream", stream: true, pieces: []string{gzipped(thinkStream)}, hdr: []string{"Content-Encoding", "gzip"}, gzip: true},
 		{name: "gzip completion", pieces: []string{gzipped(thinkJSON)}, hdr: []string{"Content-Encoding", "gzip", "Content-Type", "application/json"}, gzip: true},
 		// A pause after compressed bytes that happen to end in a blank line:
@@ -583,8 +589,16 @@ func TestFaultMalformedUpstreamData(t *testing.T) {
 			if c.gzip {
 				hdr = []string{"Accept-Encoding", "gzip"}
 			}
+			cut0 := p.requests("f7", "f7-u", "f7-p", "net_err")
 			resp := p.chat(chatBody("f7", c.stream), hdr...)
 			body, err := faultRead(resp)
+			if c.cut {
+				faultAbortedWith(t, body, err, strings.Join(c.pieces, "")+"\n\n", "stream_interrupted")
+				if d := p.requests("f7", "f7-u", "f7-p", "net_err") - cut0; d != 1 {
+					t.Errorf("result net_err counted %v times, want 1", d)
+				}
+				return
+			}
 			if err != nil || resp.StatusCode != http.StatusOK {
 				t.Fatalf("status %d err %v", resp.StatusCode, err)
 			}

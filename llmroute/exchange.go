@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -190,6 +191,14 @@ func (ex *exchange) run(body []byte) attemptResult {
 			return h.classifyError(r, u, &ex.w8, ex.ctx, rerr)
 		}
 		ex.first, ex.firstErr = (*ex.buf)[:n], rerr
+		if n == 0 && rerr == io.EOF && resp.StatusCode < 300 && isEventStream(resp) {
+			// An event stream closed before its first byte gave no answer,
+			// and nothing has reached the client: the next upstream may.
+			if c := h.logger.Check(zapcore.WarnLevel, "upstream closed an empty stream, failing over"); c != nil {
+				c.Write(zap.String("upstream", u.id))
+			}
+			return attemptResult{out: outFailover, result: resultNetErr}
+		}
 	}
 	ex.w8.stop()
 
@@ -202,6 +211,11 @@ func (ex *exchange) run(body []byte) attemptResult {
 		defer putBuffer(whole)
 		if err := ex.readWhole(whole); err != nil {
 			return h.classifyError(r, u, &ex.w8, ex.ctx, err)
+		}
+		if ex.translated && ex.firstErr == nil {
+			if res, refused := ex.tooBigToTranslate(); refused {
+				return res
+			}
 		}
 	}
 
@@ -268,6 +282,7 @@ func (ex *exchange) chooseSinks() {
 	// Token usage is read from what reaches the client, when it is plain
 	// text (a compressed body is passed through unread).
 	ex.out.scanUsage = resp.StatusCode < 300 && identityEncoded(resp)
+	ex.out.scanFinish = ex.fr.api == apiChat && ex.plainSSE && resp.StatusCode < 300
 	if ex.translated {
 		ex.chooseTranslator(rewrite)
 		return
@@ -322,10 +337,7 @@ func (ex *exchange) copyResponse() *streamErr {
 	}
 	defer ex.out.stop()
 	defer ex.releaseRewriter()
-	err := pump(ex.sink, ex.resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8)
-	if err == nil {
-		err = ex.sink.end()
-	}
+	err := ex.endStream(pump(ex.sink, ex.resp.Body, ex.first, ex.firstErr, *ex.buf, &ex.w8))
 	if err == nil {
 		return nil
 	}
@@ -333,6 +345,44 @@ func (ex *exchange) copyResponse() *streamErr {
 		return se // a continuation takes the stream on (resume.go)
 	}
 	return ex.streamFailure(err)
+}
+
+// errUnfinished: the upstream ended an event stream cleanly before the
+// answer's end. A backend killed mid-answer whose body is delimited by the
+// connection's close looks like that, and so does an engine that stops a
+// generation without saying why.
+var errUnfinished = errors.New("the upstream ended the stream before the answer's end (no finish reason, no [DONE], no final event)")
+
+// endStream completes a body copy that ended with err: a clean end lets the
+// sink chain emit what it holds, then checks that the stream had its end.
+// A translator finds that out itself (its end returns an error).
+func (ex *exchange) endStream(err error) error {
+	if err == nil {
+		err = ex.sink.end()
+	}
+	if err == nil && ex.unfinished() {
+		err = errUnfinished
+	}
+	return err
+}
+
+// unfinished reports a plain event stream, passed through, that ended
+// without its end: a chat stream with neither a finish reason nor [DONE],
+// a native Messages stream without message_stop, a native Responses stream
+// without response.completed or response.incomplete. A finish reason
+// without [DONE] is a whole answer (some servers never send it). A
+// compressed stream is not read, so it is not judged.
+func (ex *exchange) unfinished() bool {
+	if !ex.plainSSE || ex.resp.StatusCode >= 300 || ex.out.done {
+		return false
+	}
+	switch {
+	case ex.native:
+		return ex.fr.api == apiMessages || ex.fr.api == apiResponses
+	case ex.fr.api == apiChat:
+		return !ex.out.finish.seen
+	}
+	return false
 }
 
 // releaseRewriter returns the think rewriter to its pool, unless a
@@ -480,6 +530,34 @@ func (ex *exchange) readWhole(whole *bytes.Buffer) error {
 		ex.firstErr = nil // more may follow
 	}
 	return nil
+}
+
+// tooBigToTranslate handles a translated non-stream answer larger than
+// max_rewrite_size. Passing it on as it came would hand a Messages or
+// Responses client chat JSON it cannot read, and translating it would mean
+// holding more than the operator allowed in memory: a 2xx answer becomes a
+// 502 in the front's shape that names the setting (refused true); an
+// upstream error is translated from what was read, which holds its message.
+func (ex *exchange) tooBigToTranslate() (attemptResult, bool) {
+	if ex.resp.StatusCode >= 300 {
+		ex.firstErr = io.EOF // translate the start of the error body
+		return attemptResult{}, false
+	}
+	ex.u.recordSuccess(time.Now()) // the upstream answered; the bound is ours
+	if c := ex.h.logger.Check(zapcore.WarnLevel, "translated answer larger than max_rewrite_size"); c != nil {
+		c.Write(zap.String("upstream", ex.u.id), zap.Stringer("api", ex.fr.api), zap.Int64("max_rewrite_size", ex.h.maxRewrite))
+	}
+	msg := "the upstream's answer is larger than max_rewrite_size (" + strconv.FormatInt(ex.h.maxRewrite, 10) +
+		" bytes), the most a non-stream answer translated from chat completions may be; raise max_rewrite_size, or send the request with stream: true"
+	var body []byte
+	if ex.fr.api == apiMessages {
+		body = anthropic.ErrorBody(http.StatusBadGateway, "response_too_large", msg)
+	} else {
+		body = responses.ErrorBody(http.StatusBadGateway, "response_too_large", msg)
+	}
+	ex.w.Header().Set("Cache-Control", "no-store")
+	writeJSON(ex.w, http.StatusBadGateway, body)
+	return attemptResult{out: outDone, result: result5xx, status: http.StatusBadGateway}, true
 }
 
 // copyCompletion sends a non-stream body read by readWhole through ex.body.

@@ -105,10 +105,12 @@ func (s *translateSink) end() error {
 			return err
 		}
 	}
-	if err := s.st.Close(); err != nil {
-		return err
+	err := s.st.Close()
+	// What Close emitted goes out even when the stream was unfinished.
+	if werr := s.out.writeQueued(); werr != nil {
+		return werr
 	}
-	return s.out.writeQueued()
+	return err
 }
 
 // translateBody turns a whole chat answer into the front's: think tags

@@ -90,7 +90,11 @@ type Handler struct {
 
 	// MaxRewriteSize bounds what think_tags rewriting buffers: a non-stream
 	// body, or one SSE event of a stream. Anything larger passes through
-	// unrewritten, with a warning in the log. Default 16 MiB.
+	// unrewritten, with a warning in the log. It also bounds a non-stream
+	// chat answer translated for a Messages or Responses client: a larger
+	// one is refused with a 502 `response_too_large` in that API's shape
+	// (streams are translated event by event and are not bounded by it).
+	// Default 16 MiB.
 	MaxRewriteSize int64 `json:"max_rewrite_size,omitempty"`
 	// ClientWriteTimeout bounds each write to the client: a client that
 	// takes no bytes for this long is treated as gone, its attempt ends as

@@ -339,10 +339,7 @@ func (c *continuation) copy(r *http.Request, t *target, resp *http.Response, ctx
 	if u.streamIdle > 0 {
 		w8.prime(u.streamIdle, codeStalled)
 	}
-	err := pump(ex.sink, resp.Body, first, firstErr, buf, w8)
-	if err == nil {
-		err = ex.sink.end()
-	}
+	err := ex.endStream(pump(ex.sink, resp.Body, first, firstErr, buf, w8))
 	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
 	switch {
 	case err == nil:

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
@@ -82,6 +83,11 @@ type clientWriter struct {
 	firstWrite time.Time
 	scanUsage  bool
 	usage      transform.UsageScanner
+
+	// finish notes a finish_reason in a chat stream, when scanFinish: a
+	// stream that ends with neither it nor [DONE] was cut.
+	scanFinish bool
+	finish     finishScanner
 }
 
 // init readies the writer for one response; flush says whether every
@@ -238,6 +244,9 @@ func (c *clientWriter) Write(p []byte) (int, error) {
 	if c.sse {
 		c.noteDone(p)
 	}
+	if c.scanFinish && !c.finish.seen {
+		c.finish.scan(p)
+	}
 	c.trackBoundary(p)
 	if c.hb != nil {
 		c.hb.Reset(c.hbPeriod)
@@ -349,6 +358,73 @@ func (c *clientWriter) writeError(code string) {
 		_ = c.rc.Flush()
 	}
 	c.afterWrite()
+}
+
+// finishScanner finds a chat chunk's finish reason (a "finish_reason" member
+// whose value is a non-empty string) in a stream written to it in pieces.
+// Inside a JSON string every quote is escaped, so the key with its quotes
+// can only be a member name. The start of a match cut by the end of a
+// piece is kept for the next one.
+type finishScanner struct {
+	seen    bool
+	pending []byte
+}
+
+var (
+	finishKey  = []byte(`"finish_reason"`)
+	finishTail = finishKey[1:]
+)
+
+// maxFinishPending bounds what is kept of a match cut between pieces (the
+// key and the white space after it).
+const maxFinishPending = 256
+
+func (f *finishScanner) scan(p []byte) {
+	if len(f.pending) > 0 {
+		// Rare (a piece ended inside the key or before its value): the
+		// copy costs nothing on the common path.
+		p = append(f.pending[:len(f.pending):len(f.pending)], p...)
+		f.pending = nil
+	}
+	for {
+		k := bytes.Index(p, finishTail)
+		if k < 0 {
+			// The key itself may be cut: keep a tail that starts it.
+			for n := min(len(finishKey)-1, len(p)); n > 0; n-- {
+				if bytes.HasSuffix(p, finishKey[:n]) {
+					f.keep(p[len(p)-n:])
+					break
+				}
+			}
+			return
+		}
+		if k == 0 || p[k-1] != '"' {
+			p = p[k+len(finishTail):]
+			continue
+		}
+		rest := p[k+len(finishTail):]
+		i := jsonscan.SkipWS(rest, 0)
+		if i < len(rest) && rest[i] != ':' {
+			p = rest
+			continue
+		}
+		i = jsonscan.SkipWS(rest, i+1)
+		if i+1 >= len(rest) {
+			f.keep(p[k-1:]) // the value is not all here yet
+			return
+		}
+		if rest[i] == '"' && rest[i+1] != '"' {
+			f.seen = true
+			return
+		}
+		p = rest[i:] // null, or an empty string
+	}
+}
+
+func (f *finishScanner) keep(b []byte) {
+	if len(b) <= maxFinishPending {
+		f.pending = append([]byte(nil), b...)
+	}
 }
 
 // rewriterPool recycles stream rewriters and their buffers.

@@ -178,9 +178,16 @@ func (c *ChatResume) write(b []byte) error {
 	return err
 }
 
-// Flush passes on what an upstream that ended cleanly left unterminated.
+// Flush passes on what an upstream that ended cleanly left unterminated:
+// an event that only lacks its blank line. One cut inside its data (the
+// connection closed mid-event) is dropped: it is no event, and the stream
+// may be continued after what the client has.
 func (c *ChatResume) Flush() error {
 	if len(c.pend) == 0 || c.opaque || c.diverged {
+		return nil
+	}
+	if d := bytes.TrimSpace(eventData(c.pend)); len(d) > 0 && string(d) != "[DONE]" && !json.Valid(d) {
+		c.pend = c.pend[:0]
 		return nil
 	}
 	if !c.cont {

@@ -81,8 +81,18 @@ func TestChatResumePassThrough(t *testing.T) {
 		t.Fatalf("content %q counts the half event", c.Content())
 	}
 	_ = c.Flush()
-	if !strings.HasSuffix(out.String(), half) {
-		t.Fatal("Flush did not pass the unterminated rest on")
+	if out.String() != chunkEv("a", `{"content":"y"}`, "") {
+		t.Fatalf("Flush passed half an event on: %q", out.String())
+	}
+
+	// An event that only lacks its blank line is whole: Flush passes it.
+	out.Reset()
+	c = NewChatResume(&out)
+	last := strings.TrimSuffix(chunkEv("a", `{"content":"z"}`, "stop"), "\n\n")
+	_, _ = c.Write([]byte(last))
+	_ = c.Flush()
+	if out.String() != last {
+		t.Fatalf("Flush did not pass the unterminated event on: %q", out.String())
 	}
 }
 

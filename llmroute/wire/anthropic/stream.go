@@ -2,6 +2,7 @@ package anthropic
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
@@ -33,9 +34,10 @@ const (
 // signature_delta; a text block; one tool_use block per tool call index,
 // started with "input":{} and filled by input_json_delta partial_json. The
 // usage chunk a chat upstream sends last (stream_options.include_usage) is
-// consumed: its counts go into message_delta. [DONE] (or Close at EOF)
-// finishes the message. An {"error":…} payload becomes an "event: error" and
-// ends the stream.
+// consumed: its counts go into message_delta. [DONE] (or Close at EOF after
+// a finish_reason) finishes the message; Close at EOF with neither returns
+// ErrUnfinished and emits nothing final: the answer was cut. An {"error":…}
+// payload becomes an "event: error" and ends the stream.
 //
 // Write accepts arbitrary chunking (byte by byte gives the same events). Each
 // event is handed to emit whole, once; emit's slice is only valid during the
@@ -58,15 +60,17 @@ type Stream struct {
 	index             int // index of the open (or last) block
 	blocks            int // blocks started: the next block's index
 	tools             []toolState
-	stop              string
+	stop              string // from the finish_reason, "" until one came
 	usage             usageCounts
 	msgID, model      []byte
 }
 
-// toolState maps a chat tool_calls index to its content block index.
+// toolState maps a chat tool call (its tool_calls index and id) to its
+// content block index.
 type toolState struct {
 	chatIndex int64
 	block     int
+	id        []byte // the call's id as sent (a JSON string), nil for none
 }
 
 // NewStream returns a Stream that emits through emit.
@@ -160,8 +164,13 @@ func (s *Stream) endLine() {
 	// event:, id:, retry: and comments carry nothing for the translation.
 }
 
-// Close finishes the message when the upstream ended without [DONE]. Data
-// of an unterminated last event is handled first.
+// ErrUnfinished is returned by Close when the upstream ended the stream
+// with neither a finish_reason nor [DONE]: the answer was cut, and the
+// caller ends the stream with Fail (or has it continued elsewhere).
+var ErrUnfinished = errors.New("anthropic: the chat stream ended without a finish_reason or [DONE]")
+
+// Close finishes the message when the upstream ended without [DONE] after
+// a finish_reason. Data of an unterminated last event is handled first.
 func (s *Stream) Close() error {
 	if s.err != nil {
 		return s.err
@@ -171,6 +180,9 @@ func (s *Stream) Close() error {
 	}
 	s.dispatch()
 	if !s.finished && s.err == nil {
+		if s.stop == "" {
+			return ErrUnfinished
+		}
 		s.finish()
 	}
 	return s.err
@@ -287,7 +299,7 @@ func (s *Stream) chunk(c []byte) {
 	if delta != nil && delta[0] == '{' {
 		s.delta(delta)
 	}
-	if finish != nil && finish[0] == '"' {
+	if nonEmptyString(finish) {
 		s.stop = stopReason(finish, len(s.tools) > 0)
 	}
 }
@@ -362,13 +374,7 @@ func (s *Stream) toolDelta(tc []byte) {
 	if fn != nil && fn[0] == '{' {
 		name, args = jsonscan.ObjGet(fn, "name"), jsonscan.ObjGet(fn, "arguments")
 	}
-	ci := intOf(idx)
-	block := -1
-	for _, t := range s.tools {
-		if t.chatIndex == ci {
-			block = t.block
-		}
-	}
+	ci, block := s.toolFor(idx, id)
 	if block < 0 {
 		// A new call: its first delta carries id and name.
 		s.out = append(s.out[:0], `{"type":"tool_use","id":`...)
@@ -381,13 +387,53 @@ func (s *Stream) toolDelta(tc []byte) {
 		s.out = append(s.out, `,"input":{}}`...)
 		s.openBlockRaw(blockTool)
 		block = s.index
-		s.tools = append(s.tools, toolState{chatIndex: ci, block: block})
+		var tid []byte
+		if nonEmptyString(id) {
+			tid = append(tid, id...)
+		}
+		s.tools = append(s.tools, toolState{chatIndex: ci, block: block, id: tid})
 	}
 	if nonEmptyString(args) {
 		// A delta for a call whose block was closed (interleaved calls)
 		// still names that call's block index.
 		s.blockDelta(block, `{"type":"input_json_delta","partial_json":`, args)
 	}
+}
+
+// toolFor finds the call a tool_calls delta belongs to: by its index, or,
+// without one (some upstreams number nothing), the last call. A delta whose
+// id differs from that call's is a new call even so (the first delta of
+// each call carries its id; some upstreams give every call index 0).
+// block -1 means a new call, whose chat index is ci.
+func (s *Stream) toolFor(idx, id []byte) (ci int64, block int) {
+	block = -1
+	var found *toolState
+	if idx != nil {
+		ci = intOf(idx)
+		for i := range s.tools {
+			if s.tools[i].chatIndex == ci {
+				found = &s.tools[i] // the latest call with the index
+			}
+		}
+	} else {
+		ci = int64(len(s.tools))
+		if len(s.tools) > 0 {
+			found = &s.tools[len(s.tools)-1]
+		}
+	}
+	if found == nil {
+		return ci, -1
+	}
+	// An indexed call that came without an id takes the id as its own.
+	if nonEmptyString(id) && (found.id != nil || idx == nil) && !bytes.Equal(id, found.id) {
+		for i := range s.tools {
+			if bytes.Equal(s.tools[i].id, id) {
+				return s.tools[i].chatIndex, s.tools[i].block // an earlier call, named again
+			}
+		}
+		return ci, -1
+	}
+	return found.chatIndex, found.block
 }
 
 // start emits message_start and ping.

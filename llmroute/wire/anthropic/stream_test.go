@@ -271,8 +271,8 @@ func TestStreamAfterThinkSplit(t *testing.T) {
 }
 
 func TestStreamEdges(t *testing.T) {
-	t.Run("empty upstream: an empty message", func(t *testing.T) {
-		got := run(t, "", whole)
+	t.Run("[DONE] alone: an empty message", func(t *testing.T) {
+		got := run(t, "data: [DONE]\n\n", whole)
 		want := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_"
 		if !strings.HasPrefix(got, want) || !strings.Contains(got, `"model":"asked"`) ||
 			!strings.HasSuffix(got, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":0}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") {

@@ -2,6 +2,7 @@ package responses
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -79,6 +80,7 @@ type toolState struct {
 	outIdx int
 	name   toolName
 	callID []byte // escaped interior
+	rawID  []byte // the upstream's id as sent (a JSON string), nil for none
 	args   []byte // escaped interior: the chat arguments string as received
 	closed bool
 
@@ -146,8 +148,15 @@ func (s *Stream) Write(p []byte) (int, error) {
 	return n, s.err
 }
 
-// Close ends a stream whose upstream ended cleanly: the open item is
-// closed and the final event emitted, unless that happened already.
+// ErrUnfinished is returned by Close when the upstream ended the stream
+// with neither a finish_reason nor [DONE]: the answer was cut, and the
+// caller ends the stream with Fail (or has it continued elsewhere).
+var ErrUnfinished = errors.New("responses: the chat stream ended without a finish_reason or [DONE]")
+
+// Close ends a stream whose upstream ended cleanly after a finish_reason:
+// the open item is closed and the final event emitted, unless that
+// happened already. Without a finish_reason nothing final is emitted and
+// Close returns ErrUnfinished.
 func (s *Stream) Close() error {
 	if s.finished || s.err != nil {
 		return s.err
@@ -157,6 +166,12 @@ func (s *Stream) Close() error {
 		s.line = s.line[:0]
 	}
 	s.onLine(nil)
+	if s.finished || s.err != nil {
+		return s.err
+	}
+	if len(s.finish) == 0 {
+		return ErrUnfinished
+	}
 	s.complete()
 	return s.err
 }
@@ -498,12 +513,13 @@ func (s *Stream) toolDelta(el []byte) {
 		return
 	}
 	var index int64
+	var hasIndex bool
 	var id, name, args []byte
 	jsonscan.EachMember(el, 0, func(key []byte, vs, ve int) bool {
 		v := el[vs:ve]
 		switch string(key) {
 		case "index":
-			index = jsonscan.ParseUint(v)
+			index, hasIndex = jsonscan.ParseUint(v), true
 		case "id":
 			id = v
 		case "function":
@@ -521,13 +537,7 @@ func (s *Stream) toolDelta(el []byte) {
 		}
 		return true
 	})
-	ti := -1
-	for i := range s.tools {
-		if s.tools[i].index == index {
-			ti = i
-			break
-		}
-	}
+	ti := s.toolFor(hasIndex, &index, id)
 	if ti < 0 {
 		s.closeItem()
 		ti = s.openTool(index, id, name)
@@ -551,11 +561,48 @@ func (s *Stream) toolDelta(el []byte) {
 	s.end()
 }
 
+// toolFor finds the call a tool_calls delta belongs to (its index in
+// s.tools, -1 for a new call): by its index, or, without one (some
+// upstreams number nothing), the last call. A delta whose id differs from
+// that call's is a new call even so (the first delta of each call carries
+// its id; some upstreams give every call index 0). For a new call *index is
+// set to the chat index it is known by.
+func (s *Stream) toolFor(hasIndex bool, index *int64, id []byte) int {
+	found := -1
+	if hasIndex {
+		for i := range s.tools {
+			if s.tools[i].index == *index {
+				found = i // the latest call with the index
+			}
+		}
+	} else {
+		*index = int64(len(s.tools))
+		found = len(s.tools) - 1
+	}
+	if found < 0 {
+		return -1
+	}
+	t := &s.tools[found]
+	// An indexed call that came without an id takes the id as its own.
+	if jsonscan.IsString(id) && len(id) > 2 && (t.rawID != nil || !hasIndex) && !bytes.Equal(id, t.rawID) {
+		for i := range s.tools {
+			if bytes.Equal(s.tools[i].rawID, id) {
+				return i // an earlier call, named again
+			}
+		}
+		return -1
+	}
+	return found
+}
+
 func (s *Stream) openTool(index int64, id, name []byte) int {
 	s.tools = append(s.tools, toolState{})
 	ti := len(s.tools) - 1
 	t := &s.tools[ti]
 	*t = toolState{index: index, outIdx: s.nItems}
+	if jsonscan.IsString(id) && len(id) > 2 {
+		t.rawID = append([]byte(nil), id...)
+	}
 	s.nItems++
 	s.tmp = jsonscan.AppendStringValue(s.tmp[:0], name)
 	t.name = s.info.lookup(s.tmp)
