@@ -472,7 +472,7 @@ func probeOnce(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) er
 		err = lr.validate(body)
 	}
 	if err != nil {
-		return fmt.Errorf("%s %s: %v (see %s)", target.kind, sc.name, err, target.log)
+		return fmt.Errorf("%s %s: %v (see %s)", target.name, sc.name, err, target.log)
 	}
 	return nil
 }

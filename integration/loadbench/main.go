@@ -14,6 +14,9 @@
 // errors are reported, and make the exit status 1. Budget misses are only
 // reported. The redis scenarios (redis.go) add a redis-server and a third
 // Caddy, llm_route with `state redis`, which takes the llm_route side there.
+// With -baseline, a Caddy built from the previous main runs the same llm_route
+// config as a third target in every other scenario, so a change's CPU cost
+// shows against the build before it, measured in the same rounds.
 package main
 
 import (
@@ -32,6 +35,7 @@ import (
 // config holds the command-line knobs.
 type config struct {
 	caddyBin    string
+	baseBin     string
 	outDir      string
 	duration    time.Duration
 	warmup      time.Duration
@@ -50,12 +54,13 @@ type config struct {
 func parseFlags() *config {
 	c := &config{}
 	flag.StringVar(&c.caddyBin, "caddy", "", "Caddy binary built with the llm_route module (required)")
+	flag.StringVar(&c.baseBin, "baseline", "", "Caddy binary of the previous build: also run llm_route's config from it as a third target (empty: none)")
 	flag.StringVar(&c.outDir, "out", "integration/loadbench/out", "directory for report.md, configs, logs and profiles")
 	flag.DurationVar(&c.duration, "duration", 5*time.Second, "measured window per scenario, target and round")
 	flag.DurationVar(&c.warmup, "warmup", time.Second, "warm-up before each measured window")
-	flag.IntVar(&c.rounds, "rounds", 3, "rounds; the order of the two targets alternates")
+	flag.IntVar(&c.rounds, "rounds", 3, "rounds; the order of the targets alternates (rotates with -baseline)")
 	flag.BoolVar(&c.quick, "quick", false, "smoke run: -duration 1s -warmup 300ms -rounds 2 unless set explicitly")
-	flag.StringVar(&c.proxyCPU, "proxy-cpu", "", "CPU list to pin both Caddy processes to with taskset (empty: no pinning)")
+	flag.StringVar(&c.proxyCPU, "proxy-cpu", "", "CPU list to pin the Caddy processes to with taskset (empty: no pinning)")
 	flag.StringVar(&c.redisCPU, "redis-cpu", "proxy", "CPU list to pin redis-server to in the redis scenarios: proxy (the proxies' CPUs, default), none, or a list")
 	flag.StringVar(&c.scenarios, "scenarios", "all", "comma-separated scenario names to run, or all")
 	flag.DurationVar(&c.profile, "profile", 0, "if > 0, afterwards capture CPU profiles of this length from both proxies' /debug/pprof")
@@ -129,6 +134,14 @@ func run(c *config) (int, error) {
 	}
 	defer plain.stop()
 	targets := []*proxyProc{llm, plain}
+	// The baseline: the same llm_route config from the previous build.
+	var base *proxyProc
+	if c.baseBin != "" {
+		if base, err = startProxy(c.baseBin, outDir, kindLLM, kindBaseName, c.proxyCPU, llmHandler(up.url)); err != nil {
+			return 0, err
+		}
+		defer base.stop()
+	}
 
 	// The redis scenarios' llm_route and redis-server, only when one runs.
 	var rds *redisProc
@@ -146,12 +159,19 @@ func run(c *config) (int, error) {
 			return 0, fmt.Errorf("%v; see %s", err, llmRedis.log)
 		}
 	}
-	// llmFor is the llm_route process a scenario drives.
+	// llmFor is the llm_route process a scenario drives; driveOf all the
+	// targets it drives (the baseline in every non-redis scenario).
 	llmFor := func(sc scenario) *proxyProc {
 		if sc.state == "redis" {
 			return llmRedis
 		}
 		return llm
+	}
+	driveOf := func(sc scenario) []*proxyProc {
+		if base != nil && sc.state == "" {
+			return []*proxyProc{llmFor(sc), plain, base}
+		}
+		return []*proxyProc{llmFor(sc), plain}
 	}
 
 	env := runEnv{
@@ -168,15 +188,19 @@ func run(c *config) (int, error) {
 	fmt.Fprintf(os.Stderr, "loadbench: upstream %s, llm_route %s (pid %s, cpus %s), reverse_proxy %s (pid %s, cpus %s), generator cpus %s\n",
 		up.url, llm.url, llm.pid, env.llmCPUs, plain.url, plain.pid, env.plainCPUs, env.selfCPUs)
 
+	if base != nil {
+		env.baseCPUs = cpusAllowed(base.pid)
+		fmt.Fprintf(os.Stderr, "loadbench: baseline llm_route %s (pid %s, cpus %s) from %s\n", base.url, base.pid, env.baseCPUs, c.baseBin)
+	}
 	if rds != nil {
 		env.redisCPUs, env.redisVersion = cpusAllowed(rds.pid), rds.version()
 		fmt.Fprintf(os.Stderr, "loadbench: llm_route with state redis %s (pid %s), redis-server %s (pid %s, cpus %s)\n",
 			llmRedis.url, llmRedis.pid, rds.addr, rds.pid, env.redisCPUs)
 	}
 
-	// Pre-flight: one valid response of every scenario from both, or stop.
+	// Pre-flight: one valid response of every scenario from each, or stop.
 	for _, sc := range scs {
-		for _, t := range []*proxyProc{llmFor(sc), plain} {
+		for _, t := range driveOf(sc) {
 			if err := probeOnce(p, t, up, sc); err != nil {
 				fmt.Fprintln(os.Stderr, "loadbench: pre-flight failed:", err)
 				return 1, nil
@@ -190,11 +214,11 @@ func run(c *config) (int, error) {
 	}
 	for r := 0; r < c.rounds; r++ {
 		for i, sc := range scs {
-			order := []*proxyProc{llmFor(sc), plain}
-			if (r+i)%2 == 1 {
-				order = []*proxyProc{plain, llmFor(sc)}
-			}
-			for _, t := range order {
+			// The order rotates with round and scenario (with two
+			// targets: alternates).
+			ts := driveOf(sc)
+			k := (r + i) % len(ts)
+			for _, t := range append(ts[k:], ts[:k]...) {
 				lr := newLoadRun(p, t, up, sc)
 				var res runResult
 				var err error
@@ -207,8 +231,12 @@ func run(c *config) (int, error) {
 				if err != nil {
 					return 0, fmt.Errorf("%s %s: %v", t.name, sc.name, err)
 				}
-				results.add(i, t.kind, r, res)
-				fmt.Fprintf(os.Stderr, "round %d/%d %-15s %-15s %s\n", r+1, c.rounds, sc.name, t.name, res.oneLine())
+				key := t.kind
+				if t == base {
+					key = t.name
+				}
+				results.add(i, key, r, res)
+				fmt.Fprintf(os.Stderr, "round %d/%d %-15s %-18s %s\n", r+1, c.rounds, sc.name, t.name, res.oneLine())
 			}
 		}
 	}
@@ -254,7 +282,7 @@ func run(c *config) (int, error) {
 		}
 	}
 
-	for _, t := range []*proxyProc{llm, plain, llmRedis} {
+	for _, t := range []*proxyProc{llm, plain, llmRedis, base} {
 		if t == nil {
 			continue
 		}

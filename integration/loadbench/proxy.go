@@ -20,10 +20,14 @@ const (
 	kindPlain = "reverse_proxy"
 )
 
+// kindBaseName names the llm_route process run from the -baseline binary (a
+// build of the previous main): the same config as kindLLM, another build.
+const kindBaseName = "llm_route-baseline"
+
 // proxyProc is one running Caddy process.
 type proxyProc struct {
 	kind  string
-	name  string // kind, or kindRedisName for the llm_route with state redis
+	name  string // kind, or kindRedisName / kindBaseName for the other llm_route processes
 	cmd   *exec.Cmd
 	pid   string
 	url   string // http://127.0.0.1:port

@@ -13,7 +13,7 @@ import (
 type results struct {
 	scs           []scenario
 	rounds        int
-	runs          []map[string][]runResult // [scenario][kind][round]
+	runs          []map[string][]runResult // [scenario][kind, or kindBaseName][round]
 	peakRSSKB     map[string]int64
 	profileErrors int64
 	noscript      map[string]bool // redis commands a script cannot run (redis.go)
@@ -30,7 +30,20 @@ func newResults(scs []scenario, rounds int) *results {
 	return r
 }
 
-func (r *results) add(sc int, kind string, round int, res runResult) { r.runs[sc][kind][round] = res }
+func (r *results) add(sc int, kind string, round int, res runResult) {
+	if r.runs[sc][kind] == nil { // the baseline, in the scenarios it runs
+		r.runs[sc][kind] = make([]runResult, r.rounds)
+	}
+	r.runs[sc][kind][round] = res
+}
+
+// kindsOf are the targets that ran scenario sc, in report order.
+func (r *results) kindsOf(sc int) []string {
+	if r.runs[sc][kindBaseName] != nil {
+		return []string{kindLLM, kindPlain, kindBaseName}
+	}
+	return []string{kindLLM, kindPlain}
+}
 
 func (r *results) totalErrors() int64 {
 	n := r.profileErrors
@@ -50,6 +63,7 @@ type runEnv struct {
 	cfg                          *config
 	goVersion                    string
 	selfCPUs, llmCPUs, plainCPUs string
+	baseCPUs                     string // with -baseline only
 	redisCPUs, redisVersion      string // the redis scenarios only
 	loadStart, loadEnd           string
 	reqBytes, respBytes          int
@@ -161,9 +175,14 @@ func minMax(v []float64) (lo, hi float64) {
 
 // paired returns f(llm_route run)/f(reverse_proxy run) per round.
 func (r *results) paired(sc int, f func(runResult) float64) []float64 {
+	return r.pairedOf(sc, kindLLM, kindPlain, f)
+}
+
+// pairedOf returns f(run of a)/f(run of b) per round.
+func (r *results) pairedOf(sc int, a, b string, f func(runResult) float64) []float64 {
 	out := make([]float64, r.rounds)
 	for i := range out {
-		out[i] = f(r.runs[sc][kindLLM][i]) / f(r.runs[sc][kindPlain][i])
+		out[i] = f(r.runs[sc][a][i]) / f(r.runs[sc][b][i])
 	}
 	return out
 }
@@ -394,10 +413,17 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 
 	w("# llm_route load benchmark\n\n")
-	w("%s · %s · %d rounds × (%v warm-up + %v measured) per scenario and target · order alternates\n\n",
-		env.start.Format("2006-01-02 15:04 MST"), env.goVersion, c.rounds, c.warmup, c.duration)
-	pin := fmt.Sprintf("proxies on CPUs %s (llm_route) / %s (reverse_proxy); load generator + fake upstream on CPUs %s",
-		env.llmCPUs, env.plainCPUs, env.selfCPUs)
+	order := "alternates"
+	if c.baseBin != "" {
+		order = "rotates"
+	}
+	w("%s · %s · %d rounds × (%v warm-up + %v measured) per scenario and target · order %s\n\n",
+		env.start.Format("2006-01-02 15:04 MST"), env.goVersion, c.rounds, c.warmup, c.duration, order)
+	cpus := fmt.Sprintf("%s (llm_route) / %s (reverse_proxy)", env.llmCPUs, env.plainCPUs)
+	if c.baseBin != "" {
+		cpus += fmt.Sprintf(" / %s (baseline)", env.baseCPUs)
+	}
+	pin := fmt.Sprintf("proxies on CPUs %s; load generator + fake upstream on CPUs %s", cpus, env.selfCPUs)
 	if c.proxyCPU == "" {
 		pin = "**no CPU pinning** (" + pin + ")"
 	}
@@ -408,6 +434,9 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	}
 	w("\n")
 	w("- Same Caddy binary for both; reverse_proxy keep_alive max_idle_conns_per_host %s.\n", idleNote(c.plainIdle))
+	if c.baseBin != "" {
+		w("- Baseline: the llm_route config also runs from `%s` (the previous build) in every non-redis scenario, in the same rounds; the order of the targets rotates.\n", c.baseBin)
+	}
 	w("- Request %d B (system prompt + 3 messages); completion %d B; streams %d data events + [DONE]; paced: %v think time, then %v between events.\n",
 		env.reqBytes, env.respBytes, streamEvents, c.think, c.interval)
 	w("- Ratios are llm_route ÷ reverse_proxy from the same round (median, [min–max] over rounds). Absolute numbers on a shared machine move ±30 %%; trust the ratios.\n\n")
@@ -442,6 +471,8 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 		}
 	}
 
+	renderBaseline(w, r)
+
 	w("\n## Budgets\n\n| budget | measured | limit | verdict |\n|---|---|---|---|\n")
 	for _, bu := range r.budgets() {
 		m := bu.measured
@@ -456,7 +487,7 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var genBound []string
 	for i, s := range r.scs {
-		for _, k := range []string{kindLLM, kindPlain} {
+		for _, k := range r.kindsOf(i) {
 			med := func(f func(runResult) float64) float64 { return r.medianOf(i, k, f) }
 			t50, t99 := "–", "–"
 			if streams(s.mode) {
@@ -481,7 +512,7 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	}
 	var thin []string
 	for i, s := range r.scs {
-		for _, k := range []string{kindLLM, kindPlain} {
+		for _, k := range r.kindsOf(i) {
 			for _, x := range r.runs[i][k] {
 				if x.requests < 200 {
 					thin = append(thin, s.name+" "+k)
@@ -492,7 +523,7 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	}
 	var stalls []string
 	for i, s := range r.scs {
-		for _, k := range []string{kindLLM, kindPlain} {
+		for _, k := range r.kindsOf(i) {
 			for round, x := range r.runs[i][k] {
 				if x.maxLat > time.Second {
 					stalls = append(stalls, fmt.Sprintf("%s %s round %d (%.1f s)", s.name, k, round+1, x.maxLat.Seconds()))
@@ -519,7 +550,7 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	if r.totalErrors() > 0 {
 		w("\n## Errors\n\n| scenario | target | count | kind |\n|---|---|---:|---|\n")
 		for i, s := range r.scs {
-			for _, k := range []string{kindLLM, kindPlain} {
+			for _, k := range r.kindsOf(i) {
 				kinds := map[string]int64{}
 				for _, x := range r.runs[i][k] {
 					for kind, n := range x.errKinds {
@@ -548,6 +579,31 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 		}
 	}
 	return b.String()
+}
+
+// renderBaseline adds, when the baseline ran, its ratios to reverse_proxy
+// and llm_route's to it, per scenario and from the same round.
+func renderBaseline(w func(string, ...any), r *results) {
+	rss := r.peakRSSKB[kindBaseName]
+	if rss == 0 {
+		return
+	}
+	w("\n## Baseline (the previous build, same llm_route config)\n\n")
+	w("Each cell: median [min–max] over rounds of the ratio measured in the same round. llm_route ÷ baseline above 1 for CPU/req (below 1 for req/s) is what the change costs.\n\n")
+	w("| scenario | conns | baseline ÷ reverse_proxy req/s | baseline ÷ reverse_proxy CPU/req | llm_route ÷ baseline req/s | llm_route ÷ baseline CPU/req |\n")
+	w("|---|---:|---|---|---|---|\n")
+	for i, s := range r.scs {
+		if r.runs[i][kindBaseName] == nil {
+			continue
+		}
+		w("| %s | %d | %s | %s | %s | %s |\n", s.name, s.conns,
+			ratioCell(r.pairedOf(i, kindBaseName, kindPlain, runResult.rps)),
+			ratioCell(r.pairedOf(i, kindBaseName, kindPlain, runResult.cpuPerReq)),
+			ratioCell(r.pairedOf(i, kindLLM, kindBaseName, runResult.rps)),
+			ratioCell(r.pairedOf(i, kindLLM, kindBaseName, runResult.cpuPerReq)))
+	}
+	w("\nPeak RSS (VmHWM): baseline %.1f MiB; llm_route ÷ baseline %.3f, baseline ÷ reverse_proxy %.3f.\n",
+		float64(rss)/1024, float64(r.peakRSSKB[kindLLM])/float64(rss), float64(rss)/float64(r.peakRSSKB[kindPlain]))
 }
 
 func idleNote(n int) string {

@@ -12,7 +12,7 @@
 #   QUICK=1          1 s windows, 300 ms warm-up, 2 rounds
 #   DURATION=5s      measured window per scenario, target and round
 #   WARMUP=1s        warm-up before each window
-#   ROUNDS=3         rounds (target order alternates)
+#   ROUNDS=3         rounds (target order alternates; rotates with a baseline)
 #   SCENARIOS=all    comma list: nonstream-16,nonstream-64,stream-16,stream-64,paced-32,think-split-64,
 #                    messages-native-64,messages-native-nonstream-64,messages-translated-64,responses-translated-64,
 #                    redis-nonstream-64,redis-stream-64 (these start a redis-server of their own)
@@ -21,6 +21,9 @@
 #   PIN=0            do not pin
 #   REDIS_CPU=proxy  where redis-server runs in the redis scenarios: proxy (the proxies' CPU), gen (the
 #                    generator's), none (unpinned), or a CPU list
+#   BASELINE=path    also run llm_route's config from this Caddy binary (the previous build) as a third target
+#   BASELINE_REV=rev build that git revision's Caddy into out/bin/caddy-baseline (from a temporary git worktree)
+#                    and use it as BASELINE, e.g. BASELINE_REV=6551ace
 #   NOTE="..."       free text for the report header
 #
 # Extra arguments are passed to the program (see `out/bin/loadbench -h`).
@@ -38,6 +41,22 @@ echo "building Caddy with llm_route and the benchmark into $out/bin ..." >&2
 go build -o "$out/bin/caddy" ./integration/loadbench/caddy
 go build -o "$out/bin/loadbench" ./integration/loadbench
 
+note=${NOTE:-}
+baseline=${BASELINE:-}
+if [[ -n "${BASELINE_REV:-}" ]]; then
+	rev=$(git rev-parse --short "$BASELINE_REV^{commit}")
+	tmp=$(mktemp -d)
+	trap 'git -C "$root" worktree remove --force "$tmp/src" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+	echo "building the baseline Caddy of $BASELINE_REV ($rev) into $out/bin/caddy-baseline ..." >&2
+	git worktree add --quiet --detach "$tmp/src" "$rev"
+	(cd "$tmp/src" && go build -o "$out/bin/caddy-baseline" ./integration/loadbench/caddy)
+	git worktree remove --force "$tmp/src"
+	baseline=$out/bin/caddy-baseline
+	label=$BASELINE_REV
+	[[ "$label" != "$rev" ]] && label="$label = $rev"
+	note="${note:+$note; }baseline $label ($(git log -1 --format=%cs "$rev"))"
+fi
+
 args=(-caddy "$out/bin/caddy" -out "$out")
 [[ "${QUICK:-0}" == 1 ]] && args+=(-quick)
 [[ -n "${DURATION:-}" ]] && args+=(-duration "$DURATION")
@@ -46,6 +65,7 @@ args=(-caddy "$out/bin/caddy" -out "$out")
 [[ -n "${SCENARIOS:-}" ]] && args+=(-scenarios "$SCENARIOS")
 [[ -n "${PROFILE:-}" ]] && args+=(-profile "$PROFILE")
 [[ -n "${PLAIN_IDLE:-}" ]] && args+=(-plain-idle "$PLAIN_IDLE")
+[[ -n "$baseline" ]] && args+=(-baseline "$baseline")
 redis_cpu=${REDIS_CPU:-proxy}
 
 # expand_cpus "0-2,5" -> "0 1 2 5"
@@ -63,7 +83,6 @@ expand_cpus() {
 	echo "${res[@]}"
 }
 
-note=${NOTE:-}
 cmd=("$out/bin/loadbench")
 if [[ "${PIN:-1}" == 0 ]]; then
 	note="${note:+$note; }pinning disabled (PIN=0)"
