@@ -71,8 +71,10 @@ func newBenchHandler(tb testing.TB, upstream string) *Handler {
 	// A bare context logs at DEBUG to stderr, which would be most of what is
 	// measured. Log like a default Caddy instead (INFO, JSON), into nothing.
 	// The prober has no upstream with a backoff here, so it has already
-	// ended and nothing else reads the logger concurrently.
+	// ended; the start-up path check (one GET of the model list) is waited
+	// for, so nothing else reads the logger concurrently.
 	<-h.proberDone
+	<-h.pathChecks
 	h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
 		zapcore.AddSync(io.Discard), zapcore.InfoLevel))
 	return h
@@ -126,6 +128,10 @@ func BenchmarkServeHTTP(b *testing.B) {
 func TestServeHTTPUnit(t *testing.T) {
 	var got []byte
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet { // the start-up path check's model list
+			_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
+			return
+		}
 		got, _ = io.ReadAll(r.Body)
 		if a := r.Header.Get("Authorization"); a != "Bearer sk-bench" {
 			t.Errorf("Authorization = %q", a)
