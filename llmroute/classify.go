@@ -2,6 +2,7 @@ package llmroute
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
 	"regexp"
@@ -30,6 +31,50 @@ func failoverStatus(code int) bool {
 // notFoundStatus reports an upstream without the endpoint or model asked.
 func notFoundStatus(code int) bool {
 	return code == http.StatusNotFound || code == http.StatusMethodNotAllowed
+}
+
+// clientsNotFound reports a 404 about something the client named rather
+// than the config: its OpenAI-shaped error names a parameter other than
+// model (a previous_response_id, a file id, a max_tokens the server
+// rejects this way), or a code ending in _not_found other than
+// model_not_found. That 404 is the request's fault: it goes back to the
+// client unchanged, like any other 4xx, and cools nothing (else a client
+// repeating a stale id could keep every upstream cooling).
+func clientsNotFound(status int, head []byte) bool {
+	if status != http.StatusNotFound {
+		return false
+	}
+	var e struct {
+		Error struct {
+			Param any `json:"param"`
+			Code  any `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(head, &e) != nil {
+		return false // a plain "404 page not found": the url is wrong
+	}
+	if p, ok := e.Error.Param.(string); ok && p != "" && p != "model" {
+		return true
+	}
+	c, _ := e.Error.Code.(string)
+	return strings.HasSuffix(c, "_not_found") && c != "model_not_found"
+}
+
+// peekNotFound reads the head of a 404's body (bounded, and bounded in
+// time like a drain) and puts it back, for clientsNotFound.
+func (ex *exchange) peekNotFound() []byte {
+	resp := ex.resp
+	if resp.StatusCode != http.StatusNotFound {
+		return nil
+	}
+	ex.w8.arm(drainTimeout, codeDrain)
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalPeek))
+	ex.w8.stop()
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	return head
 }
 
 // authStatus reports an upstream refusing the operator's credentials.

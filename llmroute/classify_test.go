@@ -135,3 +135,27 @@ func TestRefusalReasonsAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestClientsNotFound: a 404 about something the client named goes back to
+// it; one about the config (the url, the model name) fails over.
+func TestClientsNotFound(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   bool
+	}{
+		{404, `{"error":{"message":"Previous response with id 'resp_1' not found.","type":"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}`, true},
+		{404, `{"error":{"message":"bad request 404: max_tokens too large","type":"invalid_request_error","param":"max_tokens","code":null}}`, true},
+		{404, `{"error":{"message":"No such File object: file-1","type":"invalid_request_error","param":null,"code":"file_not_found"}}`, true},
+		{404, `{"error":{"message":"The model 'x' does not exist","type":"invalid_request_error","param":"model","code":"model_not_found"}}`, false},
+		{404, `{"error":{"message":"The model 'x' does not exist","type":"invalid_request_error","param":null,"code":"model_not_found"}}`, false},
+		{404, `{"error":"model \"x\" not found, try pulling it first"}`, false},
+		{404, `{"type":"error","error":{"type":"not_found_error","message":"model: claude-x"}}`, false},
+		{404, `404 page not found`, false},
+		{405, `{"error":{"param":"previous_response_id","code":"previous_response_not_found"}}`, false},
+	} {
+		if got := clientsNotFound(tc.status, []byte(tc.body)); got != tc.want {
+			t.Errorf("clientsNotFound(%d, %s) = %v, want %v", tc.status, tc.body, got, tc.want)
+		}
+	}
+}

@@ -163,7 +163,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 	if refusal == refusalFailover {
 		return res
 	}
-	if refusal == refusalNone && failoverStatus(resp.StatusCode) {
+	if refusal == refusalNone && failoverStatus(resp.StatusCode) && !clientsNotFound(resp.StatusCode, ex.peekNotFound()) {
 		retryAfter := retryAfterOf(resp, time.Now()) // the retry run decides: wait, or cool
 		// Never wait long for a failed answer's body: an upstream that sends
 		// error headers and then stalls must not hold up the failover until
