@@ -99,6 +99,20 @@ func TestExampleQuickStart(t *testing.T) {
 		}
 	}
 
+	// The start-up path check finds the demo's model list: a new user's
+	// first start shows no "provider url may be wrong" for the demo.
+	demoModels, err := testClient.Get(fmt.Sprintf("http://127.0.0.1:%d/v1/models", demoPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	demoModels.Body.Close()
+	if demoModels.StatusCode != http.StatusOK {
+		t.Errorf("the demo site answers GET /v1/models with %d, want 200 (the start-up path check warns on a 404)", demoModels.StatusCode)
+	}
+	if logs := p.logs(); strings.Contains(logs, "provider url may be wrong") {
+		t.Errorf("the quick start warns of a wrong provider url:\n%s", logs)
+	}
+
 	// A stream asked for with JSON whitespace, on the model whose patch
 	// rewrites the body, still reaches the demo's stream matcher.
 	checkDemoStream(t, p, `{"model": "chat-no-think", "stream" : true, "messages": [{"role": "user", "content": "Hello \"stream\":false"}]}`)
