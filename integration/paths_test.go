@@ -30,7 +30,6 @@ var rootPathRequests = []struct{ method, path, body string }{
 	{http.MethodGet, "/models", ""},
 	{http.MethodGet, "/models/m", ""},
 	{http.MethodGet, "/models/nope", ""},
-	{http.MethodGet, "/chat/completions", ""}, // a 405 at the root too
 }
 
 // TestAPIPathsWithoutV1: a client whose base URL has no /v1 (Codex with
@@ -117,6 +116,43 @@ func TestUnansweredPathIs404(t *testing.T) {
 	expectAPIError(t, p.do(http.MethodGet, "/other", ""), http.StatusNotFound, "unsupported_endpoint")
 	if n := len(up.Calls()); n != 0 {
 		t.Errorf("upstream calls = %d, want 0", n)
+	}
+}
+
+// TestRootNamesLeftToTheSite: at the site root the API's names may be the
+// site's own pages or files, so only a request that could be an API call
+// is the handler's (an endpoint's method, a model it serves); the rest goes
+// to the next handler, and with none the JSON 404 names what is served.
+func TestRootNamesLeftToTheSite(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := startProxy(t, basicConfig(up, 0))
+	// No next handler: a GET of a POST endpoint is the 404 naming the paths.
+	msg := expectAPIError(t, p.do(http.MethodGet, "/chat/completions", ""), http.StatusNotFound, "unsupported_endpoint")
+	if !strings.Contains(msg, "POST /v1/chat/completions") {
+		t.Errorf("GET /chat/completions: message %q does not say what is served", msg)
+	}
+
+	p.next = []any{obj("handler", "static_response", "status_code", 200, "body", "site page")}
+	p.load(basicConfig(up, 0))
+	for _, rq := range []struct{ method, path string }{
+		{http.MethodGet, "/messages"},         // a page of the site
+		{http.MethodGet, "/responses"},        // likewise
+		{http.MethodGet, "/models/qwen.gguf"}, // a file to download, no model of the handler
+		{http.MethodDelete, "/completions"},
+	} {
+		resp := p.do(rq.method, rq.path, "")
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK || body != "site page" {
+			t.Errorf("%s %s: %d %q, want the site's own answer", rq.method, rq.path, resp.StatusCode, body)
+		}
+	}
+	// What could be an API call still is, at the root as under /v1.
+	if resp := p.do(http.MethodGet, "/models/m", ""); !strings.Contains(readAll(t, resp), `"id":"m"`) {
+		t.Error("GET /models/m at the root is not the handler's model object")
+	}
+	resp := p.do(http.MethodPost, "/messages", `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`,
+		"Content-Type", "application/json")
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"type":"message"`) {
+		t.Errorf("POST /messages at the root: %d %q, want a Messages answer", resp.StatusCode, body)
 	}
 }
 

@@ -98,7 +98,7 @@ func TestClassifyPath(t *testing.T) {
 		{"/models/m", frontModel, "m"},
 		{"/models/", frontNone, ""},
 	} {
-		f, _, id := classifyPath(tc.path)
+		f, _, id, _ := classifyPath(tc.path)
 		if f != tc.front || id != tc.id {
 			t.Errorf("classifyPath(%q) = %v %q, want %v %q", tc.path, f, id, tc.front, tc.id)
 		}

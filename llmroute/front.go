@@ -56,24 +56,38 @@ var endpoints = []struct {
 }
 
 // classifyPath returns the front of a request path, the methods it allows,
-// and for frontModel the model id.
-func classifyPath(path string) (f front, allow, id string) {
+// for frontModel the model id, and whether the path sits at the site root
+// (or a mount) rather than under a `/v1` root.
+func classifyPath(path string) (f front, allow, id string, root bool) {
 	rest, underV1 := apiRest(path)
 	if !underV1 {
 		rest = path // the site root (or a mount) is an API root too
 	}
 	for _, e := range endpoints {
 		if rest == e.path {
-			return e.front, e.allow, ""
+			return e.front, e.allow, "", !underV1
 		}
 	}
 	if id, ok := strings.CutPrefix(rest, "/models/"); ok && id != "" {
-		return frontModel, "GET, HEAD", id
+		return frontModel, "GET, HEAD", id, !underV1
 	}
 	if underV1 {
-		return frontUnsupported, "", ""
+		return frontUnsupported, "", "", false
 	}
-	return frontNone, "", "" // the site's other paths are not the API's
+	return frontNone, "", "", true // the site's other paths are not the API's
+}
+
+// claimsAtRoot reports whether an API path at the site root is this
+// handler's request. Under `/v1` every such path is; at the root the same
+// names may be a site's own pages or files (`/messages`, `/models/x.gguf`),
+// so only a request that could be an API call is taken: one of the
+// endpoint's methods (or a CORS preflight), and for `/models/{id}` a model
+// this handler serves. The rest goes to the next handler.
+func (h *Handler) claimsAtRoot(r *http.Request, f front, allow, id string) bool {
+	if !methodAllowed(allow, r.Method) && r.Method != http.MethodOptions {
+		return false
+	}
+	return f != frontModel || h.routes[id] != nil
 }
 
 // apiRest splits off the shortest prefix of path ending in the segment

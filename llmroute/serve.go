@@ -23,8 +23,8 @@ import (
 // ServeHTTP answers the API paths (see front) and passes every other
 // request to the next handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	f, allow, id := classifyPath(r.URL.Path)
-	if f == frontNone {
+	f, allow, id, root := classifyPath(r.URL.Path)
+	if f == frontNone || root && !h.claimsAtRoot(r, f, allow, id) {
 		return h.serveNext(w, r, next)
 	}
 	setRequestID(w, r)
