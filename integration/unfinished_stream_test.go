@@ -277,6 +277,36 @@ func TestUnfinishedStreamMessages(t *testing.T) {
 		}
 		wantBlamed(t, p, n0, true)
 	})
+	// A native stream that ends with the upstream's own error event has
+	// its end: the client has the upstream's account, and no second error
+	// event follows it. A native stream whose events are not named cannot
+	// be judged by name, and passes as it ends.
+	t.Run("native ends", func(t *testing.T) {
+		ev := func(name, data string) string { return fmt.Sprintf("event: %s\ndata: %s\n\n", name, data) }
+		start := `{"type":"message_start","message":{"id":"msg_native2","type":"message","role":"assistant","model":"real-model","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":0}}}`
+		for _, tc := range []struct {
+			name   string
+			events []string
+		}{
+			{"upstream error event", []string{ev("message_start", start),
+				ev("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)}},
+			{"unnamed events", []string{"data: " + start + "\n\n",
+				`data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}` + "\n\n"}},
+		} {
+			up := newUpstream(t, closeDelimited(tc.events))
+			p := startProxy(t, unfinishedConfig(up, "chat", "messages"))
+			body, err := faultRead(p.postPath("/v1/messages", req))
+			if err != nil {
+				t.Errorf("%s: the transfer was aborted (%v); the upstream's stream ended as it was", tc.name, err)
+			}
+			if body, _ = faultStripKeepalives(t, body); body != strings.Join(tc.events, "") {
+				t.Errorf("%s: body %q, want the upstream's events as they came", tc.name, body)
+			}
+			if n := p.requests("m", "a", "pa", "net_err"); n != 0 {
+				t.Errorf("%s: net_err counted %v, want 0", tc.name, n)
+			}
+		}
+	})
 }
 
 // TestUnfinishedStreamResponses: on the Responses front a chat stream that

@@ -53,6 +53,9 @@ type exchange struct {
 
 	sse      bool // the response is an event stream
 	plainSSE bool // … and not compressed: heartbeats and error events may be spliced in
+	// namedEvents: a native stream that names its events ("event: …"), so
+	// its final event can be told by name.
+	namedEvents bool
 
 	out  clientWriter  // the last stage: writes, flushes, heartbeats
 	sink sink          // where the copy loop writes; &out or a stage before it
@@ -275,6 +278,10 @@ func (ex *exchange) chooseSinks() {
 	}
 	ex.out.init(ex.w, ex.sse || resp.ContentLength < 0, ex.sse, h.clientWrite, limit, ex.r.ProtoMajor == 2)
 	if ex.native {
+		// A native stream is judged by the name of its final event only
+		// when it names its events (Anthropic, OpenAI, Ollama, llama.cpp
+		// and vLLM all do); a data-only one is passed as it ends.
+		ex.namedEvents = bytes.HasPrefix(bytes.TrimLeft(ex.first, "\r\n"), []byte("event:"))
 		ex.out.markers, ex.out.markersEvent = endMarkers(ex.fr.api)
 		ex.out.anthropicErr = ex.fr.api == apiMessages
 	}
@@ -378,7 +385,7 @@ func (ex *exchange) unfinished() bool {
 	}
 	switch {
 	case ex.native:
-		return ex.fr.api == apiMessages || ex.fr.api == apiResponses
+		return ex.namedEvents && (ex.fr.api == apiMessages || ex.fr.api == apiResponses)
 	case ex.fr.api == apiChat:
 		return !ex.out.finish.seen
 	}

@@ -141,11 +141,15 @@ const doneMarker = "data: [DONE]"
 
 // The lines that start the final event of a native Messages or Responses
 // stream (their servers name every event): once one has reached
-// the client the answer is whole, whatever ends the copy afterwards.
+// the client the answer is whole, whatever ends the copy afterwards. An
+// upstream's own error event ends its stream too: the client has the
+// upstream's account of the failure, and a second error event after it
+// would only repeat it.
 var (
 	chatMarkers      = [][]byte{[]byte(doneMarker)}
-	messagesMarkers  = [][]byte{[]byte("event: message_stop")}
-	responsesMarkers = [][]byte{[]byte("event: response.completed"), []byte("event: response.incomplete")}
+	messagesMarkers  = [][]byte{[]byte("event: message_stop"), []byte("event: error")}
+	responsesMarkers = [][]byte{[]byte("event: response.completed"), []byte("event: response.incomplete"),
+		[]byte("event: response.failed"), []byte("event: error")}
 )
 
 // maxMarkerLen is the longest of the markers.
