@@ -141,6 +141,25 @@ func TestUnfinishedStreamChat(t *testing.T) {
 			t.Errorf("fail_streak = %v, want 0", s)
 		}
 	})
+	t.Run("finish reason, then cut", func(t *testing.T) {
+		// The chunked body breaks (unexpected EOF) after the finish chunk:
+		// the answer is whole, so it ends as a success, without an error
+		// event, a backoff or a continuation.
+		ev := resumeA.events(resumeTokens[:5], 5)
+		ev = ev[:len(ev)-1] // finish and usage, no [DONE]
+		up := newUpstream(t, faultChunkedCut(ev))
+		p := startProxy(t, unfinishedConfig(up))
+		body, err := faultRead(p.chat(req))
+		if err != nil || body != strings.Join(ev, "") {
+			t.Fatalf("read error %v, body %q", err, tail(body, 300))
+		}
+		if d := p.requests("m", "a", "pa", "ok"); d != 1 {
+			t.Errorf("ok counted %v, want 1", d)
+		}
+		if s := p.upstreamGauge("fail_streak", "a", "pa"); s != 0 {
+			t.Errorf("fail_streak = %v, want 0", s)
+		}
+	})
 	t.Run("[DONE] without finish reason", func(t *testing.T) {
 		ev := append(firstEvents(5), "data: [DONE]\n\n")
 		up := newUpstream(t, closeDelimited(ev))

@@ -475,9 +475,12 @@ func copyVerdict(err error, w8 *watchdog, clientGone bool, ctxErr error, done bo
 	return streamVerdict(done, errors.As(err, &cw), clientGone, fired, ctxErr)
 }
 
-// finished reports that the stream's final event reached the client.
+// finished reports that the stream's final event reached the client: on
+// the chat front a finish reason is enough (what may follow it, the usage
+// chunk and [DONE], adds nothing to the answer), so a break after it is not
+// a cut.
 func (ex *exchange) finished() bool {
-	return ex.out.finished() || ex.st != nil && ex.st.Finished()
+	return ex.out.finished() || ex.out.finish.seen || ex.st != nil && ex.st.Finished()
 }
 
 func (ex *exchange) logBreak(code string, err error) {
