@@ -28,7 +28,12 @@ func TestNativeEndMarkers(t *testing.T) {
 		{"responses completed", apiResponses, []string{"event: response.created\ndata: {}\n\n", completed}, true, true},
 		{"responses completed split", apiResponses, []string{completed[:12], completed[12:]}, true, true},
 		{"responses incomplete", apiResponses, []string{"event: response.incomplete\ndata: {}\n\n"}, true, true},
-		{"responses failed", apiResponses, []string{"event: response.failed\ndata: {}\n\n"}, false, false},
+		// The upstream's own failure event ends its stream: no error event
+		// of the proxy's follows it.
+		{"responses failed", apiResponses, []string{"event: response.failed\ndata: {}\n\n"}, true, true},
+		{"responses error", apiResponses, []string{"event: error\ndata: {}\n\n"}, true, true},
+		{"messages error", apiMessages, []string{"event: error\ndata: {}\n\n"}, true, true},
+		{"messages error in text only", apiMessages, []string{"event: content_block_delta\ndata: {\"delta\":{\"text\":\"event: error\"}}\n\n"}, false, false},
 		{"chat", apiChat, []string{"data: {}\n\n", "data: [DONE]\n\n"}, true, true},
 	} {
 		var c clientWriter
