@@ -67,9 +67,9 @@ func TestRoutingFirstFreeUpstreamInOrder(t *testing.T) {
 	if n := len(a.Calls()) + len(b.Calls()) + len(c.Calls()); n != 4 {
 		t.Errorf("the busy request reached an upstream: %d calls", n)
 	}
-	rejected := p.logEntries("all upstreams busy")
-	if len(rejected) != 1 {
-		t.Fatalf("busy log entries = %d, want 1", len(rejected))
+	rejected := p.logEntries("request refused")
+	if len(rejected) != 1 || rejected[0]["reason"] != "busy" || rejected[0]["level"] != "info" {
+		t.Fatalf("refusal log entries %v, want one INFO entry with reason busy", rejected)
 	}
 	if slots, _ := json.Marshal(rejected[0]["slots"]); string(slots) != `[{"inflight":1,"limit":1,"upstream":"ua"},{"inflight":2,"limit":2,"upstream":"ub"},{"inflight":1,"limit":1,"upstream":"uc"}]` {
 		t.Errorf("busy log entry lacks the slot state: %s", slots)
@@ -332,8 +332,8 @@ func TestAllUpstreamsFailed(t *testing.T) {
 		t.Errorf("calls: 500 → %d, 429 → %d; want 1 each", len(e500.Calls()), len(e429.Calls()))
 	}
 	var entry map[string]any
-	eventually(t, 2*time.Second, "the 'all upstreams failed' log entry", func() bool {
-		if es := p.logEntries("all upstreams failed"); len(es) == 1 {
+	eventually(t, 2*time.Second, "the refusal's log entry", func() bool {
+		if es := p.logEntries("request refused"); len(es) == 1 && es[0]["reason"] == "all_failed" {
 			entry = es[0]
 			return true
 		}

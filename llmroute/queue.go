@@ -425,10 +425,7 @@ func (h *Handler) refuseProbe(rt *route) *apiError {
 	if rt.queueSize == 0 {
 		return h.reject(rt)
 	}
-	h.observeWait(rt, "full", 0)
-	if c := h.logger.Check(zapcore.WarnLevel, "queue full"); c != nil {
-		c.Write(zap.String("model", rt.name), zap.Int("queue_size", rt.queueSize))
-	}
+	h.observeWait(rt, "full", 0) // the refusal is logged where it is answered
 	e := errQueueFull
 	return &e
 }

@@ -151,10 +151,15 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		if apiErr == errClientGone {
 			return caddyhttp.Error(499, errClientClosed)
 		}
-		if apiErr.status == http.StatusServiceUnavailable {
-			h.setSkipped(w, rt, nil, time.Now())
+		if apiErr.status != http.StatusServiceUnavailable {
+			h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
+			return nil
 		}
-		h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
+		// No free upstream: the refusal's one log line carries the slot
+		// state of every upstream, which says why.
+		now := time.Now()
+		h.setSkipped(w, rt, nil, now)
+		h.refuse(w, r, f, *apiErr, zap.String("model", rt.name), zap.Array("slots", slotLog{rt, now}))
 		return nil
 	}
 	if kr != nil {
@@ -209,9 +214,6 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			}
 		}
 		if !ok {
-			if c := h.logger.Check(zapcore.WarnLevel, "all upstreams failed"); c != nil {
-				c.Write(zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
-			}
 			e := h.allFailed(rt, failures)
 			if kr != nil {
 				kr.served(e.code)
@@ -222,7 +224,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 				// No upstream answered this one either.
 				w.Header().Del(hdrRouteUpstream)
 			}
-			h.refuse(w, r, f, e, zap.String("model", rt.name))
+			// Each attempt already logged its failure; the refusal's line
+			// lists them.
+			h.refuse(w, r, f, e, zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {
@@ -317,15 +321,8 @@ func (h *Handler) reject(rt *route) *apiError {
 	now := time.Now()
 	soonest, allCooling := soonestBack(rt, now)
 	if allCooling {
-		secs := int(math.Ceil(soonest.Seconds()))
-		if c := h.logger.Check(zapcore.WarnLevel, "all upstreams cooling"); c != nil {
-			c.Write(zap.String("model", rt.name), zap.Int("retry_after", secs))
-		}
-		e := errAllCooling(max(secs, 1))
+		e := errAllCooling(max(int(math.Ceil(soonest.Seconds())), 1))
 		return &e
-	}
-	if c := h.logger.Check(zapcore.WarnLevel, "all upstreams busy"); c != nil {
-		c.Write(zap.String("model", rt.name), zap.Array("slots", slotLog{rt, now}))
 	}
 	e := errAllBusy
 	return &e
