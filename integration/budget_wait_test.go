@@ -7,7 +7,6 @@ package integration
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -146,18 +145,7 @@ func TestBudgetRefusalSaysWhatDidNotFit(t *testing.T) {
 
 // goKeyChat is goChat with the team key.
 func (p *proxy) goKeyChat(ctx context.Context, body string) <-chan result {
-	ch := make(chan result, 1)
-	go func() {
-		resp, err := p.post(ctx, body, "Authorization", "Bearer "+secretTeam)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		ch <- result{status: resp.StatusCode, body: string(b), header: resp.Header, err: err}
-	}()
-	return ch
+	return p.goChat(ctx, body, "Authorization", "Bearer "+secretTeam)
 }
 
 // TestBudgetRefusalTokens: the same for tokens_per_day: the worst case in

@@ -605,10 +605,10 @@ type result struct {
 }
 
 // goChat posts in the background; the result arrives on the channel.
-func (p *proxy) goChat(ctx context.Context, body string) <-chan result {
+func (p *proxy) goChat(ctx context.Context, body string, hdr ...string) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
-		resp, err := p.post(ctx, body)
+		resp, err := p.post(ctx, body, hdr...)
 		if err != nil {
 			ch <- result{err: err}
 			return

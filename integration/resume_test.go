@@ -492,18 +492,7 @@ func TestResumeMessagesFront(t *testing.T) {
 	b := newUpstream(t, deterministic(resumeB, false, 1))
 	p := startProxy(t, resumeConfig(a, b, "30s"))
 	ok0 := p.resumes("ok")
-	c := anthropicClient(p)
-	st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
-		Messages: []anthropic.MessageParam{userText("count")}})
-	var acc anthropic.Message
-	for st.Next() {
-		if err := acc.Accumulate(st.Current()); err != nil {
-			t.Fatalf("Accumulate: %v", err)
-		}
-	}
-	if err := st.Err(); err != nil {
-		t.Fatalf("stream: %v", err)
-	}
+	acc := sdkMessage(t, p, countParams)
 	if len(acc.Content) != 1 || acc.Content[0].Text != resumeFull || acc.StopReason != "end_turn" {
 		t.Fatalf("message = %+v", acc)
 	}
@@ -528,17 +517,7 @@ func TestResumeMessagesFront(t *testing.T) {
 		conf["models"] = []map[string]any{obj("name", "m", "upstreams", []string{"a", "n", "b"}, "resume", "on")}
 		p.load(conf)
 		n0 := len(b.Calls())
-		st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
-			Messages: []anthropic.MessageParam{userText("count")}})
-		var acc anthropic.Message
-		for st.Next() {
-			if err := acc.Accumulate(st.Current()); err != nil {
-				t.Fatalf("Accumulate: %v", err)
-			}
-		}
-		if err := st.Err(); err != nil {
-			t.Fatalf("stream: %v", err)
-		}
+		acc := sdkMessage(t, p, countParams)
 		if len(acc.Content) != 1 || acc.Content[0].Text != resumeFull {
 			t.Fatalf("message = %+v", acc)
 		}
@@ -680,3 +659,26 @@ func TestResumeChained(t *testing.T) {
 		t.Error("no continuing stream log entry from b to c")
 	}
 }
+
+// sdkMessage streams a Messages request for model m through the Anthropic
+// SDK and returns the message it accumulated; a stream error fails the
+// test.
+func sdkMessage(t *testing.T, p *proxy, params anthropic.MessageNewParams) anthropic.Message {
+	t.Helper()
+	c := anthropicClient(p)
+	st := c.Messages.NewStreaming(context.Background(), params)
+	var acc anthropic.Message
+	for st.Next() {
+		if err := acc.Accumulate(st.Current()); err != nil {
+			t.Fatalf("Accumulate: %v", err)
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	return acc
+}
+
+// countParams is the resume tests' Messages request: "count", model m.
+var countParams = anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
+	Messages: []anthropic.MessageParam{userText("count")}}

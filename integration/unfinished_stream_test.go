@@ -255,18 +255,7 @@ func TestUnfinishedStreamMessages(t *testing.T) {
 		b := newUpstream(t, deterministic(resumeB, false, 1))
 		p := startProxy(t, resumeConfig(a, b, "30s"))
 		n0 := p.requests("m", "a", "pa", "net_err")
-		c := anthropicClient(p)
-		st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
-			Messages: []anthropic.MessageParam{userText("count")}})
-		var acc anthropic.Message
-		for st.Next() {
-			if err := acc.Accumulate(st.Current()); err != nil {
-				t.Fatalf("Accumulate: %v", err)
-			}
-		}
-		if err := st.Err(); err != nil {
-			t.Fatalf("stream: %v", err)
-		}
+		acc := sdkMessage(t, p, countParams)
 		if len(acc.Content) != 1 || acc.Content[0].Text != resumeFull || acc.StopReason != "end_turn" {
 			t.Fatalf("message = %+v", acc)
 		}
