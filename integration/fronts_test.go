@@ -126,16 +126,7 @@ func TestMessagesFrontTranslated(t *testing.T) {
 		t.Fatalf("Authorization = %q", got)
 	}
 
-	st := c.Messages.NewStreaming(context.Background(), params)
-	var acc anthropic.Message
-	for st.Next() {
-		if err := acc.Accumulate(st.Current()); err != nil {
-			t.Fatalf("Accumulate: %v", err)
-		}
-	}
-	if err := st.Err(); err != nil {
-		t.Fatalf("stream: %v", err)
-	}
+	acc := sdkMessage(t, p, params)
 	if len(acc.Content) != 1 || acc.Content[0].Text != "hello world" || acc.StopReason != "end_turn" {
 		t.Fatalf("streamed message = %+v", acc)
 	}
@@ -185,19 +176,7 @@ func TestMessagesFrontNative(t *testing.T) {
 
 	// The same conversation streamed natively and translated.
 	accumulate := func(model string) anthropic.Message {
-		params := anthropic.MessageNewParams{Model: anthropic.Model(model), MaxTokens: 64, Messages: []anthropic.MessageParam{userText("hi")}}
-		c := anthropicClient(p)
-		st := c.Messages.NewStreaming(context.Background(), params)
-		var acc anthropic.Message
-		for st.Next() {
-			if err := acc.Accumulate(st.Current()); err != nil {
-				t.Fatalf("Accumulate: %v", err)
-			}
-		}
-		if err := st.Err(); err != nil {
-			t.Fatalf("stream: %v", err)
-		}
-		return acc
+		return sdkMessage(t, p, anthropic.MessageNewParams{Model: anthropic.Model(model), MaxTokens: 64, Messages: []anthropic.MessageParam{userText("hi")}})
 	}
 	n, tr := accumulate("m"), accumulate("t")
 	if n.Role != tr.Role || n.Model != tr.Model || n.StopReason != tr.StopReason || n.StopSequence != tr.StopSequence ||

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"testing"
@@ -32,20 +31,10 @@ func TestMessagesToolCallsWithoutIndex(t *testing.T) {
 	}
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { writeStream(w, events, 0) })
 	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
-	c := anthropicClient(p)
 	tool := anthropic.ToolParam{Name: "read_file", InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"path": map[string]any{"type": "string"}}}}
-	st := c.Messages.NewStreaming(context.Background(), anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
+	acc := sdkMessage(t, p, anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
 		Messages: []anthropic.MessageParam{userText("read a.go and b.go")},
 		Tools:    []anthropic.ToolUnionParam{{OfTool: &tool}}})
-	var acc anthropic.Message
-	for st.Next() {
-		if err := acc.Accumulate(st.Current()); err != nil {
-			t.Fatalf("Accumulate: %v", err)
-		}
-	}
-	if err := st.Err(); err != nil {
-		t.Fatalf("stream: %v", err)
-	}
 	var got []string
 	for _, b := range acc.Content {
 		got = append(got, fmt.Sprintf("%s %s %s %s", b.Type, b.ID, b.Name, b.Input))
