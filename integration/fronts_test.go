@@ -126,7 +126,7 @@ func TestMessagesFrontTranslated(t *testing.T) {
 		t.Fatalf("Authorization = %q", got)
 	}
 
-	acc := sdkMessage(t, p, params)
+	acc := streamMessage(t, anthropicClient(p), params)
 	if len(acc.Content) != 1 || acc.Content[0].Text != "hello world" || acc.StopReason != "end_turn" {
 		t.Fatalf("streamed message = %+v", acc)
 	}
@@ -176,7 +176,7 @@ func TestMessagesFrontNative(t *testing.T) {
 
 	// The same conversation streamed natively and translated.
 	accumulate := func(model string) anthropic.Message {
-		return sdkMessage(t, p, anthropic.MessageNewParams{Model: anthropic.Model(model), MaxTokens: 64, Messages: []anthropic.MessageParam{userText("hi")}})
+		return streamMessage(t, anthropicClient(p), anthropic.MessageNewParams{Model: anthropic.Model(model), MaxTokens: 64, Messages: []anthropic.MessageParam{userText("hi")}})
 	}
 	n, tr := accumulate("m"), accumulate("t")
 	if n.Role != tr.Role || n.Model != tr.Model || n.StopReason != tr.StopReason || n.StopSequence != tr.StopSequence ||

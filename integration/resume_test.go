@@ -492,7 +492,7 @@ func TestResumeMessagesFront(t *testing.T) {
 	b := newUpstream(t, deterministic(resumeB, false, 1))
 	p := startProxy(t, resumeConfig(a, b, "30s"))
 	ok0 := p.resumes("ok")
-	acc := sdkMessage(t, p, countParams)
+	acc := streamMessage(t, anthropicClient(p), countParams)
 	if len(acc.Content) != 1 || acc.Content[0].Text != resumeFull || acc.StopReason != "end_turn" {
 		t.Fatalf("message = %+v", acc)
 	}
@@ -517,7 +517,7 @@ func TestResumeMessagesFront(t *testing.T) {
 		conf["models"] = []map[string]any{obj("name", "m", "upstreams", []string{"a", "n", "b"}, "resume", "on")}
 		p.load(conf)
 		n0 := len(b.Calls())
-		acc := sdkMessage(t, p, countParams)
+		acc := streamMessage(t, anthropicClient(p), countParams)
 		if len(acc.Content) != 1 || acc.Content[0].Text != resumeFull {
 			t.Fatalf("message = %+v", acc)
 		}
@@ -658,25 +658,6 @@ func TestResumeChained(t *testing.T) {
 	if !hop {
 		t.Error("no continuing stream log entry from b to c")
 	}
-}
-
-// sdkMessage streams a Messages request for model m through the Anthropic
-// SDK and returns the message it accumulated; a stream error fails the
-// test.
-func sdkMessage(t *testing.T, p *proxy, params anthropic.MessageNewParams) anthropic.Message {
-	t.Helper()
-	c := anthropicClient(p)
-	st := c.Messages.NewStreaming(context.Background(), params)
-	var acc anthropic.Message
-	for st.Next() {
-		if err := acc.Accumulate(st.Current()); err != nil {
-			t.Fatalf("Accumulate: %v", err)
-		}
-	}
-	if err := st.Err(); err != nil {
-		t.Fatalf("stream: %v", err)
-	}
-	return acc
 }
 
 // countParams is the resume tests' Messages request: "count", model m.

@@ -32,7 +32,7 @@ func TestMessagesToolCallsWithoutIndex(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { writeStream(w, events, 0) })
 	p := startProxy(t, frontsConfig([]*fakeUpstream{up}, []bool{false}))
 	tool := anthropic.ToolParam{Name: "read_file", InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"path": map[string]any{"type": "string"}}}}
-	acc := sdkMessage(t, p, anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
+	acc := streamMessage(t, anthropicClient(p), anthropic.MessageNewParams{Model: "m", MaxTokens: 256,
 		Messages: []anthropic.MessageParam{userText("read a.go and b.go")},
 		Tools:    []anthropic.ToolUnionParam{{OfTool: &tool}}})
 	var got []string

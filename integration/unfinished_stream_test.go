@@ -124,42 +124,33 @@ func TestUnfinishedStreamChat(t *testing.T) {
 			t.Error("no WARN log naming the cut")
 		}
 	})
-	t.Run("finish reason without [DONE]", func(t *testing.T) {
-		ev := resumeA.events(resumeTokens[:5], 5)
-		ev = ev[:len(ev)-1] // finish and usage, no [DONE]
-		up := newUpstream(t, closeDelimited(ev))
-		p := startProxy(t, unfinishedConfig(up))
-		resp := p.chat(req)
-		body, err := faultRead(resp)
-		if err != nil || body != strings.Join(ev, "") {
-			t.Fatalf("read error %v, body %q", err, tail(body, 300))
-		}
-		if d := p.requests("m", "a", "pa", "ok"); d != 1 {
-			t.Errorf("ok counted %v, want 1", d)
-		}
-		if s := p.upstreamGauge("fail_streak", "a", "pa"); s != 0 {
-			t.Errorf("fail_streak = %v, want 0", s)
-		}
-	})
-	t.Run("finish reason, then cut", func(t *testing.T) {
-		// The chunked body breaks (unexpected EOF) after the finish chunk:
-		// the answer is whole, so it ends as a success, without an error
-		// event, a backoff or a continuation.
-		ev := resumeA.events(resumeTokens[:5], 5)
-		ev = ev[:len(ev)-1] // finish and usage, no [DONE]
-		up := newUpstream(t, faultChunkedCut(ev))
-		p := startProxy(t, unfinishedConfig(up))
-		body, err := faultRead(p.chat(req))
-		if err != nil || body != strings.Join(ev, "") {
-			t.Fatalf("read error %v, body %q", err, tail(body, 300))
-		}
-		if d := p.requests("m", "a", "pa", "ok"); d != 1 {
-			t.Errorf("ok counted %v, want 1", d)
-		}
-		if s := p.upstreamGauge("fail_streak", "a", "pa"); s != 0 {
-			t.Errorf("fail_streak = %v, want 0", s)
-		}
-	})
+	// A finish reason makes the answer whole, whether the body then ends
+	// cleanly without [DONE] or breaks (a chunked body's unexpected EOF):
+	// a success, without an error event, a backoff or a continuation.
+	for _, tc := range []struct {
+		name  string
+		serve func([]string) http.HandlerFunc
+	}{
+		{"finish reason without [DONE]", closeDelimited},
+		{"finish reason, then cut", faultChunkedCut},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := resumeA.events(resumeTokens[:5], 5)
+			ev = ev[:len(ev)-1] // finish and usage, no [DONE]
+			up := newUpstream(t, tc.serve(ev))
+			p := startProxy(t, unfinishedConfig(up))
+			body, err := faultRead(p.chat(req))
+			if err != nil || body != strings.Join(ev, "") {
+				t.Fatalf("read error %v, body %q", err, tail(body, 300))
+			}
+			if d := p.requests("m", "a", "pa", "ok"); d != 1 {
+				t.Errorf("ok counted %v, want 1", d)
+			}
+			if s := p.upstreamGauge("fail_streak", "a", "pa"); s != 0 {
+				t.Errorf("fail_streak = %v, want 0", s)
+			}
+		})
+	}
 	t.Run("[DONE] without finish reason", func(t *testing.T) {
 		ev := append(firstEvents(5), "data: [DONE]\n\n")
 		up := newUpstream(t, closeDelimited(ev))
@@ -255,7 +246,7 @@ func TestUnfinishedStreamMessages(t *testing.T) {
 		b := newUpstream(t, deterministic(resumeB, false, 1))
 		p := startProxy(t, resumeConfig(a, b, "30s"))
 		n0 := p.requests("m", "a", "pa", "net_err")
-		acc := sdkMessage(t, p, countParams)
+		acc := streamMessage(t, anthropicClient(p), countParams)
 		if len(acc.Content) != 1 || acc.Content[0].Text != resumeFull || acc.StopReason != "end_turn" {
 			t.Fatalf("message = %+v", acc)
 		}
