@@ -109,6 +109,14 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 	return res
 }
 
+// attemptContext bounds one upstream exchange by request_timeout.
+func (h *Handler) attemptContext(parent context.Context) (context.Context, context.CancelFunc) {
+	if h.requestTimeout > 0 {
+		return context.WithTimeout(parent, h.requestTimeout)
+	}
+	return context.WithCancel(parent)
+}
+
 // codeFirstByte marks a watchdog that fired before the first byte.
 const codeFirstByte = "first_byte"
 

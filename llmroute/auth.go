@@ -148,7 +148,7 @@ func (h *Handler) provisionKeys() error {
 			k.models = make(map[string]bool)
 			for _, p := range kc.Models {
 				matched := false
-				for _, name := range h.modelList {
+				for _, name := range h.table.modelList {
 					if globMatch(p, name) {
 						k.models[name], matched = true, true
 					}
@@ -158,13 +158,13 @@ func (h *Handler) provisionKeys() error {
 				}
 			}
 			var names []string
-			for _, name := range h.modelList {
+			for _, name := range h.table.modelList {
 				if k.models[name] {
 					names = append(names, name)
 				}
 			}
-			k.modelsBody = modelsListBody(names, h.created)
-			k.anthropicModels = anthropic.ModelsBody(names, time.Unix(h.created, 0))
+			k.modelsBody = modelsListBody(names, h.table.created)
+			k.anthropicModels = anthropic.ModelsBody(names, time.Unix(h.table.created, 0))
 		}
 		for i, typ := range tokenTypes {
 			k.tokens[i] = keyMetrics.tokens.WithLabelValues(k.id, typ)
@@ -372,7 +372,7 @@ func (h *Handler) keyListing(w http.ResponseWriter, r *http.Request, f front, k 
 		}
 		return true
 	case frontModel:
-		if h.routes[id] != nil && !k.allows(id) {
+		if h.table.routes[id] != nil && !k.allows(id) {
 			h.refuseKey(w, r, f, k, id, errModelNotAllowed(id))
 			return true
 		}

@@ -159,7 +159,7 @@ func TestServeHTTPUnit(t *testing.T) {
 	if string(got) != want {
 		t.Errorf("upstream body\n got %s\nwant %s", got, want)
 	}
-	if n := h.upstreams["bench-u"].state.inflight.Load(); n != 0 {
+	if n := h.table.upstreams["bench-u"].state.inflight.Load(); n != 0 {
 		t.Errorf("inflight %d after the request", n)
 	}
 }

@@ -185,7 +185,7 @@ func (h *Handler) reserveAttempt(kr *keyReq, rt *route, idx int) (int, *apiError
 		}
 		rt.targets[idx].long.release()
 		u.release()
-		next, ok := h.claimNext(rt, idx+1)
+		next, ok := h.claimNext(rt, idx)
 		if !ok {
 			kr.hold = keys.Hold{}
 			e := h.errNoRoom(kr, rt, limit, now)

@@ -60,14 +60,14 @@ func FuzzJSONConfig(f *testing.F) {
 			}
 			providers[p.ID], conns[p.ID] = p, conn
 		}
-		h.upstreams = make(map[string]*upstream)
+		h.table.upstreams = make(map[string]*upstream)
 		for _, uc := range h.Upstreams {
 			p := providers[uc.Provider]
 			u, err := h.compileUpstream(uc, p, conns[p.ID], nil)
 			if err != nil {
 				return // Provision stops here too
 			}
-			h.upstreams[u.id] = u
+			h.table.upstreams[u.id] = u
 		}
 		for _, m := range h.Models {
 			if _, err := h.compileRoute(m); err != nil {

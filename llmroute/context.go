@@ -84,7 +84,7 @@ func (ex *exchange) contextRefusal() (attemptResult, int) {
 	if !isContextLength(head) {
 		return attemptResult{}, refusalNone
 	}
-	next, ok := claimFrom(ex.fr.rt, ex.fr.idx+1, time.Now(), ex.h.logger)
+	next, ok := claimFrom(ex.fr.rt, ex.fr.idx, time.Now(), ex.h.logger)
 	if !ok {
 		return attemptResult{}, refusalLast
 	}

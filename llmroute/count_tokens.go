@@ -36,7 +36,7 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 		h.refuse(w, r, frontCountTokens, e)
 		return nil
 	}
-	rt := h.routes[model]
+	rt := h.table.routes[model]
 	if rt == nil {
 		h.refuse(w, r, frontCountTokens, errUnknownModel(model), clientModel(model))
 		return nil

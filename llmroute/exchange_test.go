@@ -226,8 +226,8 @@ func TestFirstByteTimerFiresJustAfterData(t *testing.T) {
 	}
 	defer func() { testHookFirstRead = nil }()
 
-	timeouts := h.routes["m"].targets[0].counters[resultTimeout]
-	netErrs := h.routes["m"].targets[0].counters[resultNetErr]
+	timeouts := h.table.routes["m"].targets[0].counters[resultTimeout]
+	netErrs := h.table.routes["m"].targets[0].counters[resultNetErr]
 	beforeTimeout, beforeNetErr := counterValue(t, timeouts), counterValue(t, netErrs)
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
 		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
@@ -254,7 +254,7 @@ func TestFirstByteTimerFiresJustAfterData(t *testing.T) {
 		t.Errorf("net_err results on the first upstream: %v, want 0", d)
 	}
 	for _, id := range []string{"race-u1", "race-u2"} {
-		if n := h.upstreams[id].state.inflight.Load(); n != 0 {
+		if n := h.table.upstreams[id].state.inflight.Load(); n != 0 {
 			t.Errorf("%s: inflight %d after the request", id, n)
 		}
 	}

@@ -87,7 +87,7 @@ func (h *Handler) claimsAtRoot(r *http.Request, f front, allow, id string) bool 
 	if !methodAllowed(allow, r.Method) && r.Method != http.MethodOptions {
 		return false
 	}
-	return f != frontModel || h.routes[id] != nil
+	return f != frontModel || h.table.routes[id] != nil
 }
 
 // apiRest splits off the shortest prefix of path ending in the segment
@@ -247,12 +247,12 @@ func (h *Handler) provisionRequests() error {
 			forward[p.ID] = append(forward[p.ID], http.CanonicalHeaderKey(name))
 		}
 	}
-	for _, u := range h.upstreams {
+	for _, u := range h.table.upstreams {
 		u.forward = forward[u.provider]
 	}
 
 	bits := map[string]uint64{}
-	for _, rt := range h.routes {
+	for _, rt := range h.table.routes {
 		for _, t := range rt.targets {
 			for _, k := range t.edit.Patch.Keys() {
 				switch k {

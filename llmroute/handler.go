@@ -133,18 +133,9 @@ type Handler struct {
 	events     *caddyevents.App // of this handler's config; nil in a bare context
 	generation *generation      // the config's metric series
 
-	upstreams map[string]*upstream
-	routes    map[string]*route
-	// apiRoutes[api] are the models' routes restricted to the upstreams
-	// that can serve api (apiSet.canServe): a chat request never goes to
-	// a messages-only upstream, nor an embeddings request to a chat-only
-	// one. A route all of whose upstreams can is the route itself; a model
-	// with none is absent.
-	apiRoutes       [numAPIs]map[string]*route
-	anthropicModels []byte // GET …/models with anthropic-version, pre-encoded
-	modelList       []string
-	modelsBody      []byte
-	created         int64
+	// table is the route table this config compiled (route.go): read
+	// only after Provision.
+	table routeTable
 
 	requestTimeout time.Duration
 	retryAfterMax  time.Duration

@@ -89,7 +89,7 @@ func BenchmarkServeHTTPKeys(b *testing.B) {
 // and its settlement.
 func BenchmarkKeyChecks(b *testing.B) {
 	h := newKeysBenchHandler(b, "http://127.0.0.1:1", 1000)
-	rt := h.routes["m"]
+	rt := h.table.routes["m"]
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	rec := httptest.NewRecorder()
 	res := attemptResult{out: outDone, result: resultOK}
@@ -115,7 +115,7 @@ func BenchmarkKeyChecks(b *testing.B) {
 // and leaves nothing reserved.
 func TestKeyChecksUnit(t *testing.T) {
 	h := newKeysBenchHandler(t, "http://127.0.0.1:1", 3)
-	rt := h.routes["m"]
+	rt := h.table.routes["m"]
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	req.Header.Set("X-Api-Key", "sk-client-2")
 	rec := httptest.NewRecorder()

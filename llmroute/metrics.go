@@ -260,10 +260,10 @@ func seriesOf(g *generation) liveSeries {
 		for _, k := range h.Keys {
 			s.keys[k.ID] = true
 		}
-		for _, u := range h.upstreams {
+		for _, u := range h.table.upstreams {
 			s.upstreams[[2]string{u.id, u.provider}] = true
 		}
-		for _, rt := range h.routes {
+		for _, rt := range h.table.routes {
 			s.models[rt.name] = true
 			if rt.queueSize > 0 {
 				s.queued[rt.name] = true

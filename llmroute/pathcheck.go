@@ -38,7 +38,7 @@ func (h *Handler) startPathChecks() {
 	seen := make(map[string]bool, len(h.Providers))
 	var ups []*upstream
 	for _, uc := range h.Upstreams {
-		if u := h.upstreams[uc.ID]; !seen[u.provider] {
+		if u := h.table.upstreams[uc.ID]; !seen[u.provider] {
 			seen[u.provider] = true
 			ups = append(ups, u)
 		}

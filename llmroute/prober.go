@@ -44,7 +44,7 @@ func (h *Handler) runProber() {
 	var probed []*upstream
 	tick := time.Duration(0)
 	for _, uc := range h.Upstreams {
-		u := h.upstreams[uc.ID]
+		u := h.table.upstreams[uc.ID]
 		if u.probeInterval <= 0 || u.backoff == nil {
 			continue
 		}

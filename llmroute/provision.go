@@ -35,97 +35,6 @@ const (
 	defaultClientWrite       = 30 * time.Second
 )
 
-// upstream is one upstream with every setting resolved once at provision
-// time (most specific wins: upstream → provider → default) and its shared
-// state adopted from the pools.
-type upstream struct {
-	id, provider, model string
-	idAny, providerAny  any // id and provider boxed once, for placeholders
-
-	base       string                 // the provider URL, no trailing slash
-	url        string                 // provider URL + /chat/completions
-	target     *url.URL               // url, parsed once
-	auth       string                 // the key header's value ("Bearer <key>" for bearer), or "" for none
-	authHdr    string                 // the key header's canonical name (provider auth)
-	urls       [numEndpoints]*url.URL // provider URL + each endpoint path, parsed once
-	apis       apiSet                 // the APIs served natively
-	keepBill   bool                   // provider keep_billing_header
-	headers    [][2]string
-	forward    []string          // provider forward_headers, canonical
-	transport  http.RoundTripper // the provider's transport module, else the handler's default
-	sessionHdr string
-
-	// authValue and headerValues are auth and headers as header values,
-	// built once: upstream requests share them (nothing on the way to the
-	// transport mutates a request header's slice in place).
-	authValue    []string
-	headerValues []headerValue
-
-	limit         int64 // unlimited when none is configured
-	think         transform.ThinkMode
-	firstByte     time.Duration // 0 = disabled
-	streamIdle    time.Duration // 0 = disabled
-	probeInterval time.Duration // 0 = disabled
-	backoffScope  string        // "upstream", "provider" or "" (none)
-	backoffCap    time.Duration
-	retries       int           // same-upstream retries of a 5xx or connection error
-	retryWait     time.Duration // longest Retry-After waited out in place; 0 = never
-	window        int           // context window in tokens; 0 = unchecked
-	long          *longSlots    // the provider's long-context slots; nil = unbounded
-	longCap       int64         // their number (provider long_context_capacity)
-
-	state   *upstreamState
-	backoff *backoffState // nil when backoff is off
-	price   prices        // for client keys' budgets (budget.go)
-
-	prov     *providerState // the provider's shared capacity accounting
-	capacity int64          // the provider's capacity, unlimited when none
-
-	basePatch *transform.Patch // provider patch then upstream patch
-	probeBody []byte           // the probe request, patches applied
-	probeEP   endpoint         // where the probe goes: chat, else an API the upstream serves
-	reasoning string
-	emptyOK   bool
-	prefill   bool // takes an assistant prefill (resume.go)
-}
-
-// cooling returns how long the upstream is still out of rotation.
-func (u *upstream) cooling(now time.Time) time.Duration {
-	return u.state.coolingLeft(u.backoff, now)
-}
-
-// target is one entry of a model's upstream list with the request edit for
-// that (model, upstream) pair precomputed.
-type target struct {
-	up   *upstream
-	edit transform.RequestEdit
-	// counters are this pair's llm_proxy_requests_total series, one per
-	// result, looked up once instead of hashing labels per request.
-	counters map[string]prometheus.Counter
-	// long is the provider's long-context slot counter, set in the long
-	// variants of a route (fitRoutes) only: a claim takes one of these too.
-	long *longSlots
-	// series are the pair's tokens, TTFT and duration series (usage.go),
-	// bound the same way; bound series also keep a request that ends on a
-	// removed upstream from bringing its pruned series back.
-	series targetSeries
-}
-
-// route is a client-visible model, compiled.
-type route struct {
-	name         string
-	nameAny      any // name boxed once, for placeholders
-	targets      []target
-	queueSize    int
-	queueTimeout time.Duration // 0 = until the client goes away
-	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
-	sizes        fitRoutes     // variants per request size (context windows, long context)
-	resume       bool          // continue a broken stream on another upstream (resume.go)
-	// budgetOf is, in a route restricted to the upstreams a client key's
-	// budget has room for (budget.go), the route it was cut from.
-	budgetOf *route
-}
-
 // Provision resolves the config, adopts shared state and starts the prober.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
@@ -177,7 +86,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 
-	h.upstreams = make(map[string]*upstream, len(h.Upstreams))
+	h.table.upstreams = make(map[string]*upstream, len(h.Upstreams))
 	backoffs := make(map[string]*backoffState)
 	provStates := make(map[string]*providerState, len(h.Providers))
 	provFresh := make(map[string]bool, len(h.Providers))
@@ -216,33 +125,33 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if fresh {
 			u.applyShared() // nobody else uses it yet
 		}
-		h.upstreams[u.id] = u
+		h.table.upstreams[u.id] = u
 	}
 
-	h.routes = make(map[string]*route, len(h.Models))
+	h.table.routes = make(map[string]*route, len(h.Models))
 	for _, m := range h.Models {
 		rt, err := h.compileRoute(m)
 		if err != nil {
 			return err
 		}
-		h.routes[rt.name] = rt
-		h.modelList = append(h.modelList, rt.name)
+		h.table.routes[rt.name] = rt
+		h.table.modelList = append(h.table.modelList, rt.name)
 		for a := range numAPIs {
 			if sub := rt.servingAPI(a); sub != nil {
-				if h.apiRoutes[a] == nil {
-					h.apiRoutes[a] = make(map[string]*route)
+				if h.table.apiRoutes[a] == nil {
+					h.table.apiRoutes[a] = make(map[string]*route)
 				}
-				h.apiRoutes[a][rt.name] = sub
+				h.table.apiRoutes[a][rt.name] = sub
 			}
 		}
 	}
 	if h.LongContextThreshold < 0 {
 		return fmt.Errorf("llm_route config: long_context_threshold must not be negative")
 	}
-	for _, rt := range h.routes {
+	for _, rt := range h.table.routes {
 		rt.prepareFit(h.LongContextThreshold)
 	}
-	for _, byName := range h.apiRoutes {
+	for _, byName := range h.table.apiRoutes {
 		for _, rt := range byName {
 			rt.prepareFit(h.LongContextThreshold)
 		}
@@ -250,9 +159,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionRequests(); err != nil {
 		return err
 	}
-	h.created = time.Now().Unix()
-	h.modelsBody = modelsListBody(h.modelList, h.created)
-	h.anthropicModels = anthropic.ModelsBody(h.modelList, time.Unix(h.created, 0))
+	h.table.created = time.Now().Unix()
+	h.table.modelsBody = modelsListBody(h.table.modelList, h.table.created)
+	h.table.anthropicModels = anthropic.ModelsBody(h.table.modelList, time.Unix(h.table.created, 0))
 	if err := h.provisionKeys(); err != nil {
 		return err
 	}
@@ -470,7 +379,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 	}
 	rt.queueTimeout = durationOr(defaultQueueTimeout, m.QueueTimeout, h.QueueTimeout)
 	for _, id := range m.Upstreams {
-		u := h.upstreams[id]
+		u := h.table.upstreams[id]
 		counters := make(map[string]prometheus.Counter, len(allResults))
 		for _, res := range allResults {
 			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.id, u.provider, res)
@@ -549,9 +458,9 @@ func (h *Handler) Cleanup() error {
 // never keys. Durations are written with their unit ("30s"), 0 as "off"
 // where 0 disables the timer.
 func (h *Handler) logSummary() {
-	ups := make([]zap.Field, 0, len(h.upstreams))
+	ups := make([]zap.Field, 0, len(h.table.upstreams))
 	for _, uc := range h.Upstreams {
-		u := h.upstreams[uc.ID]
+		u := h.table.upstreams[uc.ID]
 		backoff := "off"
 		if u.backoffScope != "" {
 			backoff = u.backoffScope + ":" + Duration(u.backoffCap).String()
@@ -599,14 +508,6 @@ func timerField(name string, d time.Duration) zap.Field {
 	return zap.String(name, Duration(d).String())
 }
 
-// attemptContext bounds one upstream exchange by request_timeout.
-func (h *Handler) attemptContext(parent context.Context) (context.Context, context.CancelFunc) {
-	if h.requestTimeout > 0 {
-		return context.WithTimeout(parent, h.requestTimeout)
-	}
-	return context.WithCancel(parent)
-}
-
 // applyShared writes this config's view of an upstream into the shared
 // state: slot limit, metric label, backoff scope and cap.
 func (u *upstream) applyShared() {
@@ -629,7 +530,7 @@ func (u *upstream) applyShared() {
 // requests at once.
 func (h *Handler) applySharedWhenStarted() {
 	apply := func() {
-		for _, u := range h.upstreams {
+		for _, u := range h.table.upstreams {
 			u.applyShared()
 		}
 		registerHandler(h) // the admin API reports running configs only

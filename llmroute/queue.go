@@ -3,6 +3,7 @@ package llmroute
 import (
 	"container/list"
 	"math"
+	"slices"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -169,7 +170,7 @@ func grantFirst(rt *route, now time.Time) (grant, int) {
 			return grant{idx: -1}, deferred
 		}
 	}
-	for i := range rt.targets {
+	for _, i := range rt.order() {
 		u := rt.targets[i].up
 		if u.cooling(now) > 0 {
 			continue
@@ -202,7 +203,7 @@ func (g grant) complete(rt *route) (int, bool) {
 		return g.idx, true
 	}
 	rt.targets[g.idx].long.release()
-	return claimFrom(rt, g.idx+1, time.Now(), nil)
+	return claimFrom(rt, g.idx, time.Now(), nil)
 }
 
 // giveBack returns a grant its waiter did not take (it left meanwhile):
@@ -238,14 +239,19 @@ func (s *scheduler) take(w *waiter, g grant) (int, bool) {
 	return idx, ok
 }
 
-// claimFrom claims a slot on the first target at or after from that is not
+// claimFrom claims a slot on the first target after target index after
+// (-1: from the start), in the route's order, that is not
 // cooling and has room (its provider's capacity included). With a logger it
 // logs skipped and accepted upstreams; a waiter finishing its turn passes
 // none, and no logger is also how a claim knows it is made for the queue
 // (whose rollbacks must not wake the queue: that waiter would be woken
 // again by its own failed claim).
-func claimFrom(rt *route, from int, now time.Time, log *zap.Logger) (int, bool) {
-	for i := from; i < len(rt.targets); i++ {
+func claimFrom(rt *route, after int, now time.Time, log *zap.Logger) (int, bool) {
+	order := rt.order()
+	if after >= 0 {
+		order = order[slices.Index(order, after)+1:]
+	}
+	for _, i := range order {
 		u := rt.targets[i].up
 		if left := u.cooling(now); left > 0 {
 			if log != nil {

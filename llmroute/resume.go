@@ -117,8 +117,8 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			c.fail(name, "", "no_upstream")
 		}
 	}
-	for from := idx + 1; ; {
-		j, ok := h.claimNext(rt, from)
+	for after := idx; ; {
+		j, ok := h.claimNext(rt, after)
 		if !ok {
 			c.fail(rt.name, "", "no_upstream")
 		}
@@ -142,14 +142,14 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 		if res.fault {
 			c.from = t.up // it broke as well: the next one continues from it
 		}
-		from = j + 1
+		after = j
 	}
 }
 
 // chatRoute is the model's route of chat-serving upstreams and the index
 // of u in it (nil when u is not there).
 func (h *Handler) chatRoute(model string, u *upstream) (*route, int) {
-	rt := h.apiRoutes[apiChat][model]
+	rt := h.table.apiRoutes[apiChat][model]
 	if rt == nil {
 		return nil, 0
 	}

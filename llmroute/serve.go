@@ -49,7 +49,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch f {
 	case frontModels:
 		if r.Header.Get("Anthropic-Version") != "" {
-			writeJSON(w, http.StatusOK, h.anthropicModels)
+			writeJSON(w, http.StatusOK, h.table.anthropicModels)
 			return nil
 		}
 		return h.serveModels(w)
@@ -99,13 +99,13 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		return nil
 	}
 	fr := frontReq{f: f, api: frontAPI(f), stream: stream, arrival: arrival}
-	rt := h.routes[model]
+	rt := h.table.routes[model]
 	if rt == nil {
 		h.refuse(w, r, f, errUnknownModel(model), clientModel(model))
 		return nil
 	}
 	// Only the upstreams that can serve the front's API take part.
-	if rt = h.apiRoutes[fr.api][model]; rt == nil {
+	if rt = h.table.apiRoutes[fr.api][model]; rt == nil {
 		h.refuse(w, r, f, errNoAPI(model, fr.api), zap.String("model", model))
 		return nil
 	}
@@ -205,7 +205,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		failures = append(failures, attemptRecord{upstream: t.up.id, result: res.result, status: res.status})
 		next, ok := res.next, res.next > 0 // claimed by a context-length failover
 		if !ok {
-			next, ok = h.claimNext(rt, idx+1)
+			next, ok = h.claimNext(rt, idx)
 		}
 		if ok && kr != nil {
 			if next, apiErr = h.reserveAttempt(kr, rt, next); apiErr != nil {
@@ -297,7 +297,7 @@ func (a attemptLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 // one. It returns the index of the claimed target.
 func (h *Handler) admit(r *http.Request, rt *route) (int, *apiError) {
 	if sched.waiting.Load() == 0 {
-		if idx, ok := h.claimNext(rt, 0); ok {
+		if idx, ok := h.claimNext(rt, -1); ok {
 			if rt.queueSize > 0 {
 				h.observeWait(rt, "admitted", 0)
 			}
@@ -309,10 +309,11 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, *apiError) {
 	return h.wait(r, rt)
 }
 
-// claimNext claims a slot on the first eligible target at or after from,
-// logging skipped and accepted upstreams.
-func (h *Handler) claimNext(rt *route, from int) (int, bool) {
-	return claimFrom(rt, from, time.Now(), h.logger)
+// claimNext claims a slot on the first eligible target after target index
+// after (-1: the first) in the route's order, logging skipped and accepted
+// upstreams.
+func (h *Handler) claimNext(rt *route, after int) (int, bool) {
+	return claimFrom(rt, after, time.Now(), h.logger)
 }
 
 // reject builds the 503 for a model with no free upstream: cooling (with
@@ -354,17 +355,17 @@ func (s slotLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 
 // serveModels answers GET …/models in the OpenAI list format.
 func (h *Handler) serveModels(w http.ResponseWriter) error {
-	writeJSON(w, http.StatusOK, h.modelsBody)
+	writeJSON(w, http.StatusOK, h.table.modelsBody)
 	return nil
 }
 
 // serveModel answers GET …/models/{name}.
 func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, name string) error {
-	if h.routes[name] == nil {
+	if h.table.routes[name] == nil {
 		h.refuse(w, r, frontModel, errUnknownModel(name), clientModel(name))
 		return nil
 	}
-	writeJSON(w, http.StatusOK, appendModelObject(nil, name, h.created))
+	writeJSON(w, http.StatusOK, appendModelObject(nil, name, h.table.created))
 	return nil
 }
 

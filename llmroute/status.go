@@ -130,7 +130,7 @@ func snapshot(now time.Time) statusSnapshot {
 	for _, e := range live {
 		h := e.h
 		for _, uc := range h.Upstreams { // config order
-			u := h.upstreams[uc.ID]
+			u := h.table.upstreams[uc.ID]
 			if u == nil || seenUp[u.id] {
 				continue
 			}
@@ -151,12 +151,12 @@ func snapshot(now time.Time) statusSnapshot {
 			}
 			snap.Providers = append(snap.Providers, ps)
 		}
-		for _, name := range h.modelList {
+		for _, name := range h.table.modelList {
 			if seenModel[name] {
 				continue
 			}
 			seenModel[name] = true
-			rt := h.routes[name]
+			rt := h.table.routes[name]
 			ms := modelStatus{Name: name, Upstreams: make([]string, 0, len(rt.targets)),
 				QueueDepth: depth[name], QueueSize: rt.queueSize}
 			if since, ok := oldest[name]; ok {
@@ -375,7 +375,7 @@ type upstreamVerdict struct {
 // findRoute returns the newest running config's route for a model name.
 func findRoute(name string) *route {
 	for _, e := range liveHandlers() {
-		if rt := e.h.routes[name]; rt != nil {
+		if rt := e.h.table.routes[name]; rt != nil {
 			return rt
 		}
 	}
@@ -391,8 +391,8 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 	ex.QueueDepth = queueDepths()[rt.name]
 	allCooling, allContext, served := true, len(rt.targets) > 0, 0
 	long := tokens != nil && rt.sizes.threshold > 0 && *tokens > int64(rt.sizes.threshold)
-	for _, t := range rt.targets {
-		u := t.up
+	for _, i := range rt.order() {
+		u := rt.targets[i].up
 		v := upstreamVerdict{ID: u.id}
 		if u.apis.canServe(a) {
 			served++

@@ -1,0 +1,151 @@
+package llmroute
+
+import (
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+)
+
+// The route table: what one config compiles its providers, upstreams and
+// models into, once, at provision. It is plain data the request path
+// reads; provisioning builds it (provision.go) and nothing on the request
+// path calls back into provisioning. The live counts an upstream carries
+// (slots, backoff) are pointers into the shared state (state.go), which
+// outlives the table.
+
+// routeTable is one config's compiled routing.
+type routeTable struct {
+	upstreams map[string]*upstream
+	routes    map[string]*route
+	// apiRoutes[api] are the models' routes restricted to the upstreams
+	// that can serve api (apiSet.canServe): a chat request never goes to
+	// a messages-only upstream, nor an embeddings request to a chat-only
+	// one. A route all of whose upstreams can is the route itself; a model
+	// with none is absent.
+	apiRoutes       [numAPIs]map[string]*route
+	anthropicModels []byte // GET …/models with anthropic-version, pre-encoded
+	modelList       []string
+	modelsBody      []byte
+	created         int64
+}
+
+// upstream is one upstream with every setting resolved once at provision
+// time (most specific wins: upstream → provider → default) and its shared
+// state adopted from the pools.
+type upstream struct {
+	id, provider, model string
+	idAny, providerAny  any // id and provider boxed once, for placeholders
+
+	base       string                 // the provider URL, no trailing slash
+	url        string                 // provider URL + /chat/completions
+	target     *url.URL               // url, parsed once
+	auth       string                 // the key header's value ("Bearer <key>" for bearer), or "" for none
+	authHdr    string                 // the key header's canonical name (provider auth)
+	urls       [numEndpoints]*url.URL // provider URL + each endpoint path, parsed once
+	apis       apiSet                 // the APIs served natively
+	keepBill   bool                   // provider keep_billing_header
+	headers    [][2]string
+	forward    []string          // provider forward_headers, canonical
+	transport  http.RoundTripper // the provider's transport module, else the handler's default
+	sessionHdr string
+
+	// authValue and headerValues are auth and headers as header values,
+	// built once: upstream requests share them (nothing on the way to the
+	// transport mutates a request header's slice in place).
+	authValue    []string
+	headerValues []headerValue
+
+	limit         int64 // unlimited when none is configured
+	think         transform.ThinkMode
+	firstByte     time.Duration // 0 = disabled
+	streamIdle    time.Duration // 0 = disabled
+	probeInterval time.Duration // 0 = disabled
+	backoffScope  string        // "upstream", "provider" or "" (none)
+	backoffCap    time.Duration
+	retries       int           // same-upstream retries of a 5xx or connection error
+	retryWait     time.Duration // longest Retry-After waited out in place; 0 = never
+	window        int           // context window in tokens; 0 = unchecked
+	long          *longSlots    // the provider's long-context slots; nil = unbounded
+	longCap       int64         // their number (provider long_context_capacity)
+
+	state   *upstreamState
+	backoff *backoffState // nil when backoff is off
+	price   prices        // for client keys' budgets (budget.go)
+
+	prov     *providerState // the provider's shared capacity accounting
+	capacity int64          // the provider's capacity, unlimited when none
+
+	basePatch *transform.Patch // provider patch then upstream patch
+	probeBody []byte           // the probe request, patches applied
+	probeEP   endpoint         // where the probe goes: chat, else an API the upstream serves
+	reasoning string
+	emptyOK   bool
+	prefill   bool // takes an assistant prefill (resume.go)
+}
+
+// cooling returns how long the upstream is still out of rotation.
+func (u *upstream) cooling(now time.Time) time.Duration {
+	return u.state.coolingLeft(u.backoff, now)
+}
+
+// target is one entry of a model's upstream list with the request edit for
+// that (model, upstream) pair precomputed.
+type target struct {
+	up   *upstream
+	edit transform.RequestEdit
+	// counters are this pair's llm_proxy_requests_total series, one per
+	// result, looked up once instead of hashing labels per request.
+	counters map[string]prometheus.Counter
+	// long is the provider's long-context slot counter, set in the long
+	// variants of a route (fitRoutes) only: a claim takes one of these too.
+	long *longSlots
+	// series are the pair's tokens, TTFT and duration series (usage.go),
+	// bound the same way; bound series also keep a request that ends on a
+	// removed upstream from bringing its pruned series back.
+	series targetSeries
+}
+
+// route is a client-visible model, compiled.
+type route struct {
+	name         string
+	nameAny      any // name boxed once, for placeholders
+	targets      []target
+	queueSize    int
+	queueTimeout time.Duration // 0 = until the client goes away
+	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
+	sizes        fitRoutes     // variants per request size (context windows, long context)
+	resume       bool          // continue a broken stream on another upstream (resume.go)
+	// budgetOf is, in a route restricted to the upstreams a client key's
+	// budget has room for (budget.go), the route it was cut from.
+	budgetOf *route
+}
+
+// order is the placement seam: the order in which admission tries a
+// route's targets, as indexes into rt.targets. Every claim walks it
+// (claimFrom, grantFirst), and a failover goes on after the failed
+// target's position in it. Today it is the configured list order, the
+// same for every request; a placement policy returns another permutation.
+func (rt *route) order() []int {
+	n := len(rt.targets)
+	if n <= len(listOrder) {
+		return listOrder[:n]
+	}
+	o := make([]int, n)
+	for i := range o {
+		o[i] = i
+	}
+	return o
+}
+
+// listOrder is 0…63: the configured order of any route that short,
+// shared so that ordering allocates nothing.
+var listOrder = func() (o [64]int) {
+	for i := range o {
+		o[i] = i
+	}
+	return o
+}()
