@@ -22,7 +22,13 @@ import (
 //
 // Codecs are stateless values (frontCodecs, codecs); what one translated
 // exchange must remember (the request's model, its tool names) is the
-// translation the codec's encode leaves on the exchange.
+// translation the codec's encode leaves on the exchange. A translated
+// non-stream answer is bounded by max_rewrite_size; over it, the
+// translation's errorBody refuses it in the front's shape.
+//
+// Chat is not only one codec among others: every translation and every
+// continuation (resume.go) speaks it, so the few checks for apiChat left
+// outside the codecs ask "is this the hub", never which API a request is.
 type codec interface {
 	// api is the wire API the front speaks: the routes it takes
 	// (apiRoutes), the `api` of the completion log.
@@ -213,11 +219,12 @@ func (ex *exchange) buildBody(body []byte) (out []byte, ep endpoint, errBody []b
 	return ex.fr.codec.encode(ex, body)
 }
 
-// encodeNative is a non-chat API's native body: src (the request, as the
-// codec prepared it) with the model swapped and the patches merged, minus
-// the reasoning backfill, which is chat's.
-func (ex *exchange) encodeNative(src []byte, ep endpoint) ([]byte, endpoint, []byte, int) {
+// encodeNative is a non-chat API's native body, for its native endpoint:
+// src (the request, as the codec prepared it) with the model swapped and
+// the patches merged, minus the reasoning backfill, which is chat's.
+func (ex *exchange) encodeNative(src []byte) ([]byte, endpoint, []byte, int) {
 	ex.native = true
+	ep := nativeEndpoint[ex.fr.api]
 	edit := ex.t.edit
 	edit.ReasoningField, edit.ReasoningEmptyOK = "", false
 	out, err := transform.RewriteRequest(make([]byte, 0, len(src)+512), src, &edit)
@@ -267,6 +274,11 @@ func (nativeOnly) sessionID(_, out []byte, _ translation) string { return sessio
 func (nativeOnly) notResumable([]byte) string                    { return "" }
 func (nativeOnly) shape() *streamShape                           { return &defaultShape }
 func (nativeOnly) writeError(w http.ResponseWriter, e apiError)  { e.write(w) }
+
+// encode: the body as sent (an upstream of the route serves the API).
+func (nativeOnly) encode(ex *exchange, body []byte) ([]byte, endpoint, []byte, int) {
+	return ex.encodeNative(body)
+}
 
 // chatRequest: such a stream is not followed (watchResume), so it is never
 // continued.

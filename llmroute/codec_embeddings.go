@@ -1,11 +1,7 @@
 package llmroute
 
 // embeddingsCodec is the embeddings front (POST …/embeddings): served only
-// by upstreams that serve it natively.
+// by upstreams that serve it natively, as sent (nativeOnly).
 type embeddingsCodec struct{ nativeOnly }
 
 func (embeddingsCodec) api() api { return apiEmbeddings }
-
-func (embeddingsCodec) encode(ex *exchange, body []byte) ([]byte, endpoint, []byte, int) {
-	return ex.encodeNative(body, epEmbeddings)
-}

@@ -37,7 +37,7 @@ func (messagesCodec) encode(ex *exchange, body []byte) ([]byte, endpoint, []byte
 		if !u.keepBill {
 			src = anthropic.StripBillingBlock(make([]byte, 0, len(body)), body)
 		}
-		return ex.encodeNative(src, epMessages)
+		return ex.encodeNative(src)
 	}
 	chat, info, err := anthropic.ToChat(make([]byte, 0, len(body)+256), body, messagesOptions(u))
 	if e, ok := err.(*anthropic.Error); ok {

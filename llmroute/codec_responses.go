@@ -44,7 +44,7 @@ func (responsesCodec) sessionID(body, out []byte, tr translation) string {
 func (responsesCodec) encode(ex *exchange, body []byte) ([]byte, endpoint, []byte, int) {
 	u := ex.u
 	if u.apis.has(apiResponses) {
-		return ex.encodeNative(body, epResponses)
+		return ex.encodeNative(body)
 	}
 	chat, info, err := responses.ToChat(make([]byte, 0, len(body)+256), body, responsesOptions(u))
 	if e, ok := err.(*responses.Error); ok {

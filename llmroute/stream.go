@@ -142,9 +142,11 @@ const doneMarker = "data: [DONE]"
 type streamShape struct {
 	// markers are the lines that start the stream's final event: once one
 	// has reached the client the answer is whole, whatever ends the copy
-	// afterwards. markersEvent says they are `event:` lines whose data
-	// follows, so the final event is only complete at the next event
-	// boundary (finished).
+	// afterwards. An upstream's own error event ends its stream too: the
+	// client has the upstream's account of the failure, and a second error
+	// event after it would only repeat it. markersEvent says they are
+	// `event:` lines whose data follows, so the final event is only
+	// complete at the next event boundary (finished).
 	markers      [][]byte
 	markersEvent bool
 	// A stream that ends cleanly without a marker was cut when needFinish
