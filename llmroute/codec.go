@@ -35,6 +35,9 @@ type codec interface {
 	api() api
 	// viaChat reports that a chat upstream can serve the API, translated.
 	viaChat() bool
+	// generates reports that an answer bills output tokens (embeddings
+	// does not): a key's budget reserves for them.
+	generates() bool
 
 	// session is the client's own session id, "" for none or when the
 	// API does not use one (the upstream's session header then hashes the
@@ -268,6 +271,7 @@ func (ex *exchange) mode() string {
 // translated, never continued.
 type nativeOnly struct{}
 
+func (nativeOnly) generates() bool                               { return true }
 func (nativeOnly) viaChat() bool                                 { return false }
 func (nativeOnly) session(r *http.Request) string                { return clientSession(r) }
 func (nativeOnly) sessionID(_, out []byte, _ translation) string { return sessions.ID(out) }

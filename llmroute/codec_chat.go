@@ -13,6 +13,7 @@ import (
 type chatCodec struct{}
 
 func (chatCodec) api() api            { return apiChat }
+func (chatCodec) generates() bool     { return true }
 func (chatCodec) viaChat() bool       { return false }
 func (chatCodec) shape() *streamShape { return &chatShape }
 

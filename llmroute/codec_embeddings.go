@@ -5,3 +5,6 @@ package llmroute
 type embeddingsCodec struct{ nativeOnly }
 
 func (embeddingsCodec) api() api { return apiEmbeddings }
+
+// generates: an embeddings answer bills only its input.
+func (embeddingsCodec) generates() bool { return false }

@@ -13,6 +13,7 @@ import (
 type messagesCodec struct{}
 
 func (messagesCodec) api() api                       { return apiMessages }
+func (messagesCodec) generates() bool                { return true }
 func (messagesCodec) viaChat() bool                  { return true }
 func (messagesCodec) session(r *http.Request) string { return clientSession(r) }
 func (messagesCodec) notResumable([]byte) string     { return "" }

@@ -14,6 +14,7 @@ import (
 type responsesCodec struct{}
 
 func (responsesCodec) api() api                                     { return apiResponses }
+func (responsesCodec) generates() bool                              { return true }
 func (responsesCodec) viaChat() bool                                { return true }
 func (responsesCodec) session(r *http.Request) string               { return clientSession(r) }
 func (responsesCodec) notResumable([]byte) string                   { return "" }
