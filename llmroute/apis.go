@@ -67,6 +67,14 @@ var endpointPaths = [numEndpoints]string{"/chat/completions", "/messages", "/mes
 // nativeEndpoint is where a request of api goes on a native upstream.
 var nativeEndpoint = [numAPIs]endpoint{epChat, epMessages, epResponses, epEmbeddings, epCompletions}
 
+// ownHeaders are the headers a request the proxy makes itself (the model
+// list of the start-up path check) carries to an upstream serving the api
+// natively; a client's requests carry the client's own. Anthropic's API
+// refuses a request without a version.
+var ownHeaders = [numAPIs][][2]string{
+	apiMessages: {{"Anthropic-Version", anthropicVersion}},
+}
+
 // authHeaders maps a provider's auth to the header its key goes in, and
 // whether the value is "Bearer <key>".
 var authHeaders = map[string]struct {
@@ -80,13 +88,10 @@ var authHeaders = map[string]struct {
 }
 
 // canServe reports whether an upstream serving apis can answer a request
-// of api a: natively, or — for Messages and Responses — translated to chat.
-// Chat, embeddings and completions are never translated.
+// of api a: natively, or translated to chat when a's codec translates
+// (Messages, Responses; chat, embeddings and completions never are).
 func (s apiSet) canServe(a api) bool {
-	if s.has(a) {
-		return true
-	}
-	return (a == apiMessages || a == apiResponses) && s.has(apiChat)
+	return s.has(a) || s.has(apiChat) && codecs[a].viaChat()
 }
 
 // servingAPI is rt restricted to the targets whose upstream can serve a: rt

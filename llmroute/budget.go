@@ -51,7 +51,8 @@ type keyReq struct {
 	model  string
 	input  int64 // estimated prompt tokens
 	output int64 // max_tokens, 0 when the request sets none
-	// noOutput: an embeddings request, whose worst case is its input.
+	// noOutput: a request that generates nothing (embeddings), whose
+	// worst case is its input.
 	noOutput bool
 	hold     keys.Hold
 	// rt is the request's route restricted to the upstreams its budget
@@ -98,7 +99,7 @@ func (h *Handler) admitKey(w http.ResponseWriter, r *http.Request, f front, k *c
 		h.refuseKey(w, r, f, k, rt.name, errRateLimited(wait))
 		return nil
 	}
-	kr := &keyReq{h: h, k: k, model: rt.name, noOutput: f == frontEmbeddings, rt: rt}
+	kr := &keyReq{h: h, k: k, model: rt.name, noOutput: !frontCodecs[f].generates(), rt: rt}
 	if k.budget.Empty() {
 		return kr
 	}

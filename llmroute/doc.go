@@ -9,14 +9,22 @@
 //   - provision.go effective settings resolved once; shared state adopted;
 //     limits applied on Caddy's "started" event; Cleanup
 //   - front.go     the path table: which front (chat, messages,
-//     count_tokens, responses, embeddings, completions, models) a path is
+//     count_tokens, responses, embeddings, completions, models) a path is,
+//     and each front's codec
 //   - serve.go     ServeHTTP: parse → admit → attempt → failover loop, one
 //     loop for every generation front (serveFront)
 //   - apis.go      the backs: an upstream's native apis, its endpoint URLs
 //     (precomputed), the auth header of its key
-//   - fronts.go    the one place that decides per attempt native or
-//     translated (buildBody), front-shaped errors, the translator stages
-//     of the sink chain, client session ids
+//   - codec.go     the codec interface: what differs per client API, asked
+//     by the request path instead of branching on the API, so each API
+//     lives in one file and a new one (Gemini) is a codec file and a wire
+//     package; the shared parts (translator stages of the sink chain,
+//     frontReq, client session ids)
+//   - codec_chat.go, codec_messages.go, codec_responses.go,
+//     codec_embeddings.go, codec_completions.go  one codec each: native or
+//     translated body (encode), the continuation's chat body, answer and
+//     stream translation, the native stream's end and error event, the
+//     error shape, session ids
 //   - count_tokens.go  Messages count_tokens: no slot, native or estimated
 //   - exchange.go  one attempt's HTTP work and its sink chain:
 //     upstream → [think rewriter] → [front translator] → client
@@ -25,7 +33,8 @@
 //   - attempt.go   one try at one upstream: request build, first-byte
 //     watchdog, outcome classification, slot release and metrics
 //   - stream.go    the response body: passthrough or think-tag rewrite,
-//     idle watchdog, heartbeats, the final SSE error event
+//     idle watchdog, heartbeats, the final SSE error event (in the shape
+//     the codec gives, streamShape)
 //   - state.go     what outlives a reload (UsagePool): slots and backoff
 //   - capacity.go  provider capacity (pooled by provider id) and the one
 //     claim/release pair every slot goes through

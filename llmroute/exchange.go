@@ -13,8 +13,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
-	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
-	"github.com/llm-route/caddy-llm-route/llmroute/wire/responses"
 )
 
 // exchange carries one attempt's HTTP work from the request going upstream
@@ -35,10 +33,9 @@ type exchange struct {
 	stream bool     // the client asked for a stream
 	fr     frontReq // copied: a pointer would make the serve loop's value escape
 
-	native, translated bool            // a non-chat front went natively / through a translator
-	ainfo              *anthropic.Info // the Messages translation, when translated
-	rinfo              *responses.Info // the Responses translation, when translated
-	st                 translator      // the front's stream stage, when translated
+	native, translated bool        // the upstream speaks the front's API / chat, translated (codec.encode)
+	tr                 translation // the translation, when translated
+	st                 translator  // the front's stream stage, when translated
 	ts                 translateSink
 
 	ctx    context.Context // the attempt: request_timeout, watchdog
@@ -282,14 +279,13 @@ func (ex *exchange) chooseSinks() {
 		// when it names its events (Anthropic, OpenAI, Ollama, llama.cpp
 		// and vLLM all do); a data-only one is passed as it ends.
 		ex.namedEvents = bytes.HasPrefix(bytes.TrimLeft(ex.first, "\r\n"), []byte("event:"))
-		ex.out.markers, ex.out.markersEvent = endMarkers(ex.fr.api)
-		ex.out.anthropicErr = ex.fr.api == apiMessages
+		ex.out.shape = ex.fr.codec.shape()
 	}
 	ex.sink = &ex.out
 	// Token usage is read from what reaches the client, when it is plain
 	// text (a compressed body is passed through unread).
 	ex.out.scanUsage = resp.StatusCode < 300 && identityEncoded(resp)
-	ex.out.scanFinish = ex.fr.api == apiChat && ex.plainSSE && resp.StatusCode < 300
+	ex.out.scanFinish = ex.native && ex.out.shape.needFinish && ex.plainSSE && resp.StatusCode < 300
 	if ex.translated {
 		ex.chooseTranslator(rewrite)
 		return
@@ -314,11 +310,7 @@ func (ex *exchange) chooseTranslator(rewrite bool) {
 		ex.body = translateBody{ex}
 		return
 	}
-	if ex.fr.api == apiMessages {
-		ex.st = anthropic.NewStream(ex.ainfo, ex.out.queueEvent)
-	} else {
-		ex.st = responses.NewStream(ex.rinfo, ex.out.queueEvent)
-	}
+	ex.st = ex.tr.stream(ex.out.queueEvent)
 	ex.ts = translateSink{st: ex.st, out: &ex.out}
 	if rewrite {
 		st := ex.st
@@ -374,22 +366,18 @@ func (ex *exchange) endStream(err error) error {
 }
 
 // unfinished reports a plain event stream, passed through, that ended
-// without its end: a chat stream with neither a finish reason nor [DONE],
-// a native Messages stream without message_stop, a native Responses stream
-// without response.completed or response.incomplete. A finish reason
-// without [DONE] is a whole answer (some servers never send it). A
-// compressed stream is not read, so it is not judged.
+// without its end (streamShape): a chat stream with neither a finish
+// reason nor [DONE], a native Messages stream without message_stop, a
+// native Responses stream without response.completed or
+// response.incomplete. A finish reason without [DONE] is a whole answer
+// (some servers never send it). A compressed stream is not read, so it is
+// not judged; a translated one is its translator's to judge.
 func (ex *exchange) unfinished() bool {
-	if !ex.plainSSE || ex.resp.StatusCode >= 300 || ex.out.done {
+	if !ex.plainSSE || ex.resp.StatusCode >= 300 || ex.out.done || !ex.native {
 		return false
 	}
-	switch {
-	case ex.native:
-		return ex.namedEvents && (ex.fr.api == apiMessages || ex.fr.api == apiResponses)
-	case ex.fr.api == apiChat:
-		return !ex.out.finish.seen
-	}
-	return false
+	sh := ex.out.shape
+	return sh.needFinish && !ex.out.finish.seen || sh.needNamedEnd && ex.namedEvents
 }
 
 // releaseRewriter returns the think rewriter to its pool, unless a
@@ -559,12 +547,7 @@ func (ex *exchange) tooBigToTranslate() (attemptResult, bool) {
 	}
 	msg := "the upstream's answer is larger than max_rewrite_size (" + strconv.FormatInt(ex.h.maxRewrite, 10) +
 		" bytes), the most a non-stream answer translated from chat completions may be; raise max_rewrite_size, or send the request with stream: true"
-	var body []byte
-	if ex.fr.api == apiMessages {
-		body = anthropic.ErrorBody(http.StatusBadGateway, "response_too_large", msg)
-	} else {
-		body = responses.ErrorBody(http.StatusBadGateway, "response_too_large", msg)
-	}
+	body := ex.tr.errorBody(http.StatusBadGateway, "response_too_large", msg)
 	ex.w.Header().Set("Cache-Control", "no-store")
 	writeJSON(ex.w, http.StatusBadGateway, body)
 	return attemptResult{out: outDone, result: result5xx, status: http.StatusBadGateway}, true

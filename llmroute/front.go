@@ -37,7 +37,24 @@ const (
 	frontResponses
 	frontEmbeddings
 	frontCompletions
+	numFronts
 )
+
+// frontCodecs is the codec of each front: the API it speaks, and the shape
+// of its refusals. count_tokens is Messages'; the model lists and the
+// paths that are no endpoint answer in OpenAI's shape (chat's).
+var frontCodecs = [numFronts]codec{
+	frontNone:        chatCodec{},
+	frontUnsupported: chatCodec{},
+	frontChat:        chatCodec{},
+	frontModels:      chatCodec{},
+	frontModel:       chatCodec{},
+	frontMessages:    messagesCodec{},
+	frontCountTokens: messagesCodec{},
+	frontResponses:   responsesCodec{},
+	frontEmbeddings:  embeddingsCodec{},
+	frontCompletions: completionsCodec{},
+}
 
 // endpoints maps the path below the API root to its front and the methods
 // it answers (the Allow header of a 405).

@@ -83,8 +83,12 @@ func (h *Handler) checkPath(parent context.Context, u *upstream) {
 	if u.auth != "" {
 		req.Header[u.authHdr] = []string{u.auth}
 	}
-	if u.apis.has(apiMessages) {
-		req.Header.Set("Anthropic-Version", anthropicVersion) // Anthropic's model list needs it
+	for a := range numAPIs {
+		if u.apis.has(a) {
+			for _, kv := range ownHeaders[a] {
+				req.Header.Set(kv[0], kv[1]) // Anthropic's model list needs its version
+			}
+		}
 	}
 	for _, kv := range u.headers {
 		req.Header.Set(kv[0], kv[1])

@@ -12,8 +12,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
-	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
-	"github.com/llm-route/caddy-llm-route/llmroute/wire/responses"
 )
 
 // Mid-stream continuation (model `resume on`).
@@ -162,19 +160,14 @@ func (h *Handler) chatRoute(model string, u *upstream) (*route, int) {
 }
 
 // notResumable says why the stream cannot be continued, "" when it can:
-// the follower's reasons, or a request for several choices (body is
-// checked once, nil skips it).
+// the follower's reasons, or the request's own (codec.notResumable: a
+// chat request for several choices; body is checked once, nil skips it).
 func (c *continuation) notResumable(body []byte, fr *frontReq) string {
 	if ok, why := c.ex.follow.cr.Resumable(); !ok {
 		return why
 	}
-	if body != nil && fr.api == apiChat {
-		var req struct {
-			N int `json:"n"`
-		}
-		if json.Unmarshal(body, &req) == nil && req.N > 1 {
-			return "several_choices"
-		}
+	if body != nil {
+		return fr.codec.notResumable(body)
 	}
 	return ""
 }
@@ -276,7 +269,7 @@ func (c *continuation) try(r *http.Request, t *target, body []byte, fr *frontReq
 
 	req := h.upstreamRequest(ctx, r, u, u.urls[epChat], out, io.NopCloser(bytes.NewReader(out)))
 	if u.sessionHdr != "" {
-		sx := exchange{fr: *fr, rinfo: ex.rinfo}
+		sx := exchange{fr: *fr, tr: ex.tr}
 		req.Header.Set(u.sessionHdr, sx.sessionID(body, base)) // the history, not the prefill
 	}
 	req.Header.Set("Accept-Encoding", "identity") // the answer is followed
@@ -365,20 +358,12 @@ func (c *continuation) copy(r *http.Request, t *target, resp *http.Response, ctx
 }
 
 // continuationBody is the chat request for a continuation on t: the
-// client's request as the exchange would send it to a chat upstream (a
-// Messages or Responses request translated), plus, for prefill, the
+// client's request as the exchange would send it to a chat upstream (as
+// the front's codec translates it), plus, for prefill, the
 // delivered text as a final assistant message; base is the request without
 // that message.
 func continuationBody(t *target, body []byte, fr *frontReq, prefill bool, delivered string) (out, base []byte, err error) {
-	u := t.up
-	chat := body
-	switch fr.api {
-	case apiMessages:
-		chat, _, err = anthropic.ToChat(make([]byte, 0, len(body)+256), body,
-			anthropic.Options{KeepBillingHeader: u.keepBill, ReasoningField: u.reasoning})
-	case apiResponses:
-		chat, _, err = responses.ToChat(make([]byte, 0, len(body)+256), body, responses.Options{ReasoningField: u.reasoning})
-	}
+	chat, err := fr.codec.chatRequest(t.up, body)
 	if err != nil {
 		return nil, nil, err
 	}

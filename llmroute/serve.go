@@ -76,7 +76,7 @@ func methodAllowed(allow, method string) bool {
 // serveFront is the request path of every generation front (chat,
 // messages, responses, embeddings, completions): read → parse → admit →
 // attempt (failing over to the next upstream while nothing has reached the
-// client) → respond. Only the attempt knows the front's wire format.
+// client) → respond. Only the front's codec knows its wire format.
 func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, key *clientKey) error {
 	arrival := time.Now()
 	bodyBuf := getBuffer()
@@ -98,7 +98,8 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		}
 		return nil
 	}
-	fr := frontReq{f: f, api: frontAPI(f), stream: stream, arrival: arrival}
+	fr := frontReq{f: f, codec: frontCodecs[f], stream: stream, arrival: arrival}
+	fr.api = fr.codec.api()
 	rt := h.table.routes[model]
 	if rt == nil {
 		h.refuse(w, r, f, errUnknownModel(model), clientModel(model))
@@ -136,9 +137,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		rt = kr.rt         // only the upstreams its budget has room for
 		defer kr.release() // a reservation an aborted attempt left
 	}
-	if fr.api != apiChat {
-		fr.session = clientSession(r)
-	}
+	fr.session = fr.codec.session(r)
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
 		repl.Set("http.llm_route.model", rt.nameAny)

@@ -55,19 +55,16 @@ type clientWriter struct {
 	deadlineSet  bool
 	noDeadline   bool // the connection cannot take one
 
-	// done: the line that starts the stream's final event ([DONE] for chat;
-	// see endMarkers) has been written. A translated front's final event
-	// is its translator's to report (translator.Finished). carry is the
-	// end of what was written before, so a marker split over two writes is
-	// found too. markers nil means chat's [DONE]; markersEvent says the
-	// marker is an `event:` line whose data follows, so the final event is
-	// only complete at the next event boundary (finished).
-	done         bool
-	markers      [][]byte
-	markersEvent bool
-	anthropicErr bool // writeError uses Anthropic's event: error (native Messages)
-	carry        [maxMarkerLen + 1]byte
-	carryLen     int
+	// done: the line that starts the stream's final event (one of shape's
+	// markers; [DONE] for chat) has been written. A translated front's
+	// final event is its translator's to report (translator.Finished).
+	// carry is the end of what was written before, so a marker split over
+	// two writes is found too. shape is the native stream's (codec.shape),
+	// nil for defaultShape; it also shapes the final error event.
+	done     bool
+	shape    *streamShape
+	carry    [maxMarkerLen + 1]byte
+	carryLen int
 
 	mu         sync.Mutex
 	hb         *time.Timer
@@ -139,37 +136,59 @@ func (c *clientWriter) clearDeadline() {
 // doneMarker is the final event of a chat completion stream.
 const doneMarker = "data: [DONE]"
 
-// The lines that start the final event of a native Messages or Responses
-// stream (their servers name every event): once one has reached
-// the client the answer is whole, whatever ends the copy afterwards. An
-// upstream's own error event ends its stream too: the client has the
-// upstream's account of the failure, and a second error event after it
-// would only repeat it.
-var (
-	chatMarkers      = [][]byte{[]byte(doneMarker)}
-	messagesMarkers  = [][]byte{[]byte("event: message_stop"), []byte("event: error")}
-	responsesMarkers = [][]byte{[]byte("event: response.completed"), []byte("event: response.incomplete"),
-		[]byte("event: response.failed"), []byte("event: error")}
-)
+// streamShape is how an event stream of one API, passed through as the
+// upstream sent it, shows its end and takes the proxy's final error event.
+// Each codec has one (codec.shape).
+type streamShape struct {
+	// markers are the lines that start the stream's final event: once one
+	// has reached the client the answer is whole, whatever ends the copy
+	// afterwards. An upstream's own error event ends its stream too: the
+	// client has the upstream's account of the failure, and a second error
+	// event after it would only repeat it. markersEvent says they are
+	// `event:` lines whose data follows, so the final event is only
+	// complete at the next event boundary (finished).
+	markers      [][]byte
+	markersEvent bool
+	// A stream that ends cleanly without a marker was cut when needFinish
+	// and no finish reason was seen either (chat: some servers never send
+	// [DONE]), or when needNamedEnd and the stream names its events.
+	needFinish, needNamedEnd bool
+	// errorEvent appends the proxy's final error event to ev.
+	errorEvent func(ev []byte, code, message string) []byte
+}
 
-// maxMarkerLen is the longest of the markers.
-const maxMarkerLen = len("event: response.incomplete")
+// chatMarkers: data: [DONE], the end of chat and completions streams.
+var chatMarkers = [][]byte{[]byte(doneMarker)}
 
-// endMarkers returns the final-event markers of a natively served api
-// and whether they are event lines (their data follows them).
-func endMarkers(a api) ([][]byte, bool) {
-	switch a {
-	case apiMessages:
-		return messagesMarkers, true
-	case apiResponses:
-		return responsesMarkers, true
+// defaultShape is a stream's shape when the exchange set none: [DONE] and
+// OpenAI's error event.
+var defaultShape = streamShape{markers: chatMarkers, errorEvent: appendOpenAIErrorEvent}
+
+// maxMarkerLen bounds the markers of every shape (the longest is
+// "event: response.incomplete").
+const maxMarkerLen = 26
+
+// appendOpenAIErrorEvent appends the final error event in OpenAI's error
+// shape, as an unnamed data: event.
+func appendOpenAIErrorEvent(ev []byte, code, message string) []byte {
+	ev = append(ev, `data: {"error":{"message":`...)
+	ev = appendJSONString(ev, message)
+	ev = append(ev, `,"type":"upstream_error","code":`...)
+	ev = appendJSONString(ev, code)
+	return append(ev, "}}\n\n"...)
+}
+
+// getShape is the writer's stream shape.
+func (c *clientWriter) getShape() *streamShape {
+	if c.shape == nil {
+		return &defaultShape
 	}
-	return chatMarkers, false
+	return c.shape
 }
 
 // finished reports that the stream's final event has been written whole.
 func (c *clientWriter) finished() bool {
-	return c.done && (!c.markersEvent || c.atBoundary)
+	return c.done && (!c.getShape().markersEvent || c.atBoundary)
 }
 
 // noteDone looks for the [DONE] event, at a line start, in what is being
@@ -184,10 +203,7 @@ func (c *clientWriter) noteDone(p []byte) {
 	n += copy(joint[n:], p[:min(len(p), len(c.carry))])
 	seamStart := c.carryLen < len(c.carry) // joint begins the stream
 	pStart := c.carryLen == 0 || isEOL(c.carry[c.carryLen-1])
-	markers := c.markers
-	if markers == nil {
-		markers = chatMarkers
-	}
+	markers := c.getShape().markers
 	if hasLineAt(joint[:n], seamStart, markers) || hasLineAt(p, pStart, markers) {
 		c.done = true
 		return
@@ -328,8 +344,8 @@ func (c *clientWriter) stop() {
 	}
 }
 
-// writeError sends the final SSE error event, after closing any event the
-// upstream left half-written.
+// writeError sends the final SSE error event in the stream's shape, after
+// closing any event the upstream left half-written.
 func (c *clientWriter) writeError(code string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -337,20 +353,7 @@ func (c *clientWriter) writeError(code string) {
 	if !c.atBoundary {
 		ev = append(ev, "\n\n"...)
 	}
-	if c.anthropicErr {
-		// A native Messages stream: Anthropic's SDKs read only a named
-		// `event: error` (they skip unnamed events), in Anthropic's shape.
-		ev = append(ev, `event: error`+"\n"+`data: {"type":"error","error":{"type":"api_error","message":`...)
-	} else {
-		ev = append(ev, `data: {"error":{"message":`...)
-	}
-	ev = appendJSONString(ev, streamErrorMessages[code])
-	if !c.anthropicErr {
-		ev = append(ev, `,"type":"upstream_error"`...)
-	}
-	ev = append(ev, `,"code":`...)
-	ev = appendJSONString(ev, code)
-	ev = append(ev, "}}\n\n"...)
+	ev = c.getShape().errorEvent(ev, code, streamErrorMessages[code])
 	// Not bounded by request_timeout, which may be what just passed; a
 	// client that takes nothing gets errorEventWindow at most.
 	timeout := c.timeout

@@ -37,13 +37,25 @@ func TestNativeEndMarkers(t *testing.T) {
 		{"chat", apiChat, []string{"data: {}\n\n", "data: [DONE]\n\n"}, true, true},
 	} {
 		var c clientWriter
-		c.markers, c.markersEvent = endMarkers(tc.a)
+		c.shape = codecs[tc.a].shape()
 		for _, w := range tc.writes {
 			c.noteDone([]byte(w))
 			c.trackBoundary([]byte(w))
 		}
 		if c.done != tc.done || c.finished() != tc.fin {
 			t.Errorf("%s: done %v finished %v, want %v %v", tc.name, c.done, c.finished(), tc.done, tc.fin)
+		}
+	}
+}
+
+// The carry that finds a marker split over two writes holds the longest
+// marker of every API's stream shape.
+func TestShapeMarkersFitCarry(t *testing.T) {
+	for a, c := range codecs {
+		for _, m := range c.shape().markers {
+			if len(m) > maxMarkerLen {
+				t.Errorf("%s: marker %q is longer than maxMarkerLen %d", api(a), m, maxMarkerLen)
+			}
 		}
 	}
 }

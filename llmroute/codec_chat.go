@@ -1,0 +1,55 @@
+package llmroute
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
+)
+
+// chatCodec is the chat completions front (POST …/chat/completions), the
+// hub: every upstream on a chat route serves it natively, and every other
+// API that is translated is translated to it.
+type chatCodec struct{}
+
+func (chatCodec) api() api            { return apiChat }
+func (chatCodec) generates() bool     { return true }
+func (chatCodec) viaChat() bool       { return false }
+func (chatCodec) shape() *streamShape { return &chatShape }
+
+// session: a chat request's session header is the hash of its history; the
+// client's own session headers are not read.
+func (chatCodec) session(*http.Request) string { return "" }
+
+func (chatCodec) sessionID(_, out []byte, _ translation) string { return sessions.ID(out) }
+
+// encode: the body as sent, model swapped, patches merged, the reasoning
+// backfill included.
+func (chatCodec) encode(ex *exchange, body []byte) ([]byte, endpoint, []byte, int) {
+	out, err := transform.RewriteRequest(make([]byte, 0, len(body)+512), body, &ex.t.edit)
+	if err != nil {
+		return nil, epChat, nil, http.StatusBadRequest
+	}
+	ex.native = true
+	return out, epChat, nil, 0
+}
+
+func (chatCodec) chatRequest(_ *upstream, body []byte) ([]byte, error) { return body, nil }
+
+// notResumable: a request for several choices cannot be continued (the
+// follower tracks one).
+func (chatCodec) notResumable(body []byte) string {
+	var req struct {
+		N int `json:"n"`
+	}
+	if json.Unmarshal(body, &req) == nil && req.N > 1 {
+		return "several_choices"
+	}
+	return ""
+}
+
+func (chatCodec) writeError(w http.ResponseWriter, e apiError) { e.write(w) }
+
+// chatShape: a chat stream ends with data: [DONE]; one that ends cleanly
+// with neither it nor a finish reason was cut.
+var chatShape = streamShape{markers: chatMarkers, needFinish: true, errorEvent: appendOpenAIErrorEvent}
