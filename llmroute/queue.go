@@ -3,8 +3,8 @@ package llmroute
 import (
 	"container/list"
 	"math"
-	"slices"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
