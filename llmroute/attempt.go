@@ -236,24 +236,6 @@ func decideFirstRead(n int, err error, readWon bool) firstRead {
 	return firstProceed
 }
 
-// classifyError turns a transport error before anything reached the
-// client into a result, and logs why it fails over.
-func (h *Handler) classifyError(r *http.Request, u *upstream, w8 *watchdog, ctx context.Context, err error) attemptResult {
-	res := attemptOutcome(r.Context().Err() != nil, w8.firedFor(), ctx.Err())
-	switch {
-	case res.result == resultCancelled:
-	case w8.firedFor() == codeFirstByte:
-		if c := h.logger.Check(zapcore.WarnLevel, "first byte timeout, failing over"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.Duration("first_byte_timeout", u.firstByte))
-		}
-	case res.result == resultNetErr:
-		if c := h.logger.Check(zapcore.WarnLevel, "upstream connection failed"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.String("error", redactError(err)))
-		}
-	}
-	return res
-}
-
 // attemptOutcome classifies an attempt that ended before anything reached
 // the client: the client left (cancelled, nobody to answer, the upstream
 // not blamed), a timer or request_timeout ran out (timeout), or the

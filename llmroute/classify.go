@@ -62,14 +62,14 @@ func clientsNotFound(status int, head []byte) bool {
 
 // peekNotFound reads the head of a 404's body (bounded, and bounded in
 // time like a drain) and puts it back, for clientsNotFound.
-func (ex *exchange) peekNotFound() []byte {
-	resp := ex.resp
+func (c *call) peekNotFound() []byte {
+	resp := c.resp
 	if resp.StatusCode != http.StatusNotFound {
 		return nil
 	}
-	ex.w8.arm(drainTimeout, codeDrain)
+	c.w8.arm(drainTimeout, codeDrain)
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalPeek))
-	ex.w8.stop()
+	c.w8.stop()
 	resp.Body = struct {
 		io.Reader
 		io.Closer
@@ -162,7 +162,8 @@ const maxAuthLog = 1 << 10
 // upstream does not have; the client never sees either (it could name the
 // account), so its head goes to the log, with anything key-shaped
 // redacted.
-func (h *Handler) drainFailed(u *upstream, resp *http.Response) {
+func (c *call) drainFailed() {
+	u, resp := c.u, c.resp
 	if !authStatus(resp.StatusCode) && !notFoundStatus(resp.StatusCode) {
 		drain(resp.Body)
 		return
@@ -172,19 +173,19 @@ func (h *Handler) drainFailed(u *upstream, resp *http.Response) {
 	drain(resp.Body)
 	body := redactSecrets(string(head[:n]), u.auth)
 	if notFoundStatus(resp.StatusCode) {
-		if c := h.logger.Check(zapcore.ErrorLevel, "upstream has no such endpoint"); c != nil {
+		if ce := c.log.Check(zapcore.ErrorLevel, "upstream has no such endpoint"); ce != nil {
 			tried := u.url
 			if resp.Request != nil && resp.Request.URL != nil {
 				tried = resp.Request.URL.String()
 			}
-			c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
+			ce.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
 				zap.String("url", redactURL(tried)), zap.String("body", body),
 				zap.String("hint", notFoundHint(u.base, u.model, head[:n])))
 		}
 		return
 	}
-	if c := h.logger.Check(zapcore.WarnLevel, "upstream refused the provider key"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
+	if ce := c.log.Check(zapcore.WarnLevel, "upstream refused the provider key"); ce != nil {
+		ce.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
 			zap.String("body", body))
 	}
 }

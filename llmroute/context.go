@@ -65,18 +65,21 @@ const (
 
 // contextRefusal reads the head of a 400/413/500 answer and, when it is a
 // context-length refusal, claims the next eligible upstream of the route so
-// that the failover loop goes there. With none left the answer goes to the
-// client as it came (refusalLast), even a 500. Whatever was read is put back
-// in front of the body, so any other answer reaches the client whole.
-func (ex *exchange) contextRefusal() (attemptResult, int) {
-	resp := ex.resp
-	if !contextStatus(resp.StatusCode) {
+// that the failover loop (or the continuation) goes there. With none left
+// the answer is the caller's as it came (refusalLast), even a 500: the
+// request path delivers it to the client. Whatever was read is put back in
+// front of the body, so any other answer reaches the client whole. A call
+// that holds no slot on a route (a probe, count_tokens) has no next
+// upstream to hand on to, and the rule does not apply.
+func (c *call) contextRefusal() (attemptResult, int) {
+	resp := c.resp
+	if c.rt == nil || !contextStatus(resp.StatusCode) {
 		return attemptResult{}, refusalNone
 	}
 	// An error answer that stalls must not hold up the failover.
-	ex.w8.arm(drainTimeout, codeDrain)
+	c.w8.arm(drainTimeout, codeDrain)
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalPeek))
-	ex.w8.stop()
+	c.w8.stop()
 	resp.Body = struct {
 		io.Reader
 		io.Closer
@@ -84,14 +87,14 @@ func (ex *exchange) contextRefusal() (attemptResult, int) {
 	if !isContextLength(head) {
 		return attemptResult{}, refusalNone
 	}
-	next, ok := claimFrom(ex.fr.rt, ex.fr.idx, time.Now(), ex.h.logger)
+	next, ok := claimFrom(c.rt, c.idx, time.Now(), c.h.logger)
 	if !ok {
 		return attemptResult{}, refusalLast
 	}
 	drain(resp.Body)
-	if c := ex.h.logger.Check(zapcore.InfoLevel, "context length exceeded, failing over without blame"); c != nil {
-		c.Write(zap.String("upstream", ex.u.id), zap.Int("status", resp.StatusCode),
-			zap.String("to", ex.fr.rt.targets[next].up.id))
+	if ce := c.log.Check(zapcore.InfoLevel, "context length exceeded, failing over without blame"); ce != nil {
+		ce.Write(zap.String("upstream", c.u.id), zap.Int("status", resp.StatusCode),
+			zap.String("to", c.rt.targets[next].up.id))
 	}
 	return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode,
 		noBlame: true, next: next}, refusalFailover

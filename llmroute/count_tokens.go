@@ -1,7 +1,6 @@
 package llmroute
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -75,23 +74,23 @@ func (h *Handler) countUpstream(w http.ResponseWriter, r *http.Request, t *targe
 	if err != nil {
 		return false
 	}
-	ctx, cancel := h.attemptContext(r.Context())
-	defer cancel()
-	resp, err := u.transport.RoundTrip(h.upstreamRequest(ctx, r, u, u.urls[epCountTokens], out, io.NopCloser(bytes.NewReader(out))))
-	if err != nil {
-		if c := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.String("error", redactError(err)))
-		}
-		return false
-	}
-	defer resp.Body.Close()
-	if failoverStatus(resp.StatusCode) {
+	// Through the attempt path (call.go), sent once: count_tokens holds no
+	// slot, and a failure only means the proxy estimates instead.
+	c := call{h: h, u: u, r: r, log: nopLogger}
+	c.open(h.attemptContext(r.Context()))
+	defer c.close()
+	if res, ok := c.send(c.request(u.urls[epCountTokens], out)); !ok {
 		// 404 included: a server that serves messages but not count_tokens.
-		if c := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.Int("status", resp.StatusCode))
+		if ce := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); ce != nil {
+			if c.err != nil {
+				ce.Write(zap.String("upstream", u.id), zap.String("error", redactError(c.err)))
+			} else {
+				ce.Write(zap.String("upstream", u.id), zap.Int("status", res.status))
+			}
 		}
 		return false
 	}
+	resp := c.resp
 	answer := getBuffer()
 	defer putBuffer(answer)
 	if _, err := answer.ReadFrom(io.LimitReader(resp.Body, 1<<20)); err != nil {

@@ -25,13 +25,27 @@
 //     translated body (encode), the continuation's chat body, answer and
 //     stream translation, the native stream's end and error event, the
 //     error shape, session ids
-//   - count_tokens.go  Messages count_tokens: no slot, native or estimated
-//   - exchange.go  one attempt's HTTP work and its sink chain:
-//     upstream → [think rewriter] → [front translator] → client
+//   - count_tokens.go  Messages count_tokens: no slot, native (one call,
+//     call.go) or estimated
+//   - call.go      the attempt path, the one way any request reaches an
+//     upstream: the request, request_timeout, the first-byte watchdog and
+//     first read, the sorting of a failed answer (classify.go: failover
+//     statuses, Retry-After; context.go: a context-length refusal) and its
+//     bounded drain. Attempts, continuations, probes and count_tokens all
+//     send through it, so each of those rules is written once
+//   - retry.go     the same-upstream rules of a run of calls on a held slot
+//     (retries, the Retry-After wait, the hold when the run ends on one),
+//     for attempts and continuations alike (tryAgain)
+//   - exchange.go  one attempt's exchange: the front's body sent as a call,
+//     then the sink chain: upstream → [think rewriter] → [front translator]
+//     → client
+//   - resume.go    mid-stream continuation: the follower, continuation calls
+//     copied through the first exchange's chain
 //   - wire/anthropic, wire/responses  pure translators Messages ⇄ chat and
 //     Responses ⇄ chat (no Caddy, no llmroute import)
-//   - attempt.go   one try at one upstream: request build, first-byte
-//     watchdog, outcome classification, slot release and metrics
+//   - attempt.go   one attempt on one upstream's slot: its outcome recorded
+//     exactly once (slot release, backoff, metric, log); the watchdog and
+//     the first-read decision the calls use
 //   - stream.go    the response body: passthrough or think-tag rewrite,
 //     idle watchdog, heartbeats, the final SSE error event (in the shape
 //     the codec gives, streamShape)
@@ -45,7 +59,8 @@
 //   - redisstate/  the Redis side, one Lua script per operation (no Caddy,
 //     no llmroute import; the request path sees it only through fleet.go)
 //   - queue.go     the process-wide FIFO scheduler of waiting requests
-//   - prober.go    background probes of cooling upstreams
+//   - prober.go    background probes of cooling upstreams (one call each,
+//     quiet: a probe's failure changes nothing)
 //   - metrics.go   collectors registered per config; gauges read from state
 //   - errors.go    the OpenAI error shape
 //   - registry.go  the handler instances of the running config(s)

@@ -25,28 +25,18 @@ import (
 // ends in the clientWriter. A non-stream body that must change as a whole
 // goes through body instead: it is buffered, transformed, then written.
 type exchange struct {
-	h      *Handler
-	w      http.ResponseWriter
-	r      *http.Request
-	t      *target
-	u      *upstream
-	stream bool     // the client asked for a stream
-	fr     frontReq // copied: a pointer would make the serve loop's value escape
+	// call sends the request and reads the answer's start (call.go): its
+	// h, u, r, ctx, watchdog, resp and first bytes are the exchange's.
+	// Its stream is the client's: the client asked for a stream.
+	call
+	w  http.ResponseWriter
+	t  *target
+	fr frontReq // copied: a pointer would make the serve loop's value escape
 
 	native, translated bool        // the upstream speaks the front's API / chat, translated (codec.encode)
 	tr                 translation // the translation, when translated
 	st                 translator  // the front's stream stage, when translated
 	ts                 translateSink
-
-	ctx    context.Context // the attempt: request_timeout, watchdog
-	cancel context.CancelFunc
-	w8     watchdog
-	sent   time.Time // the request went upstream
-
-	resp     *http.Response
-	buf      *[]byte // copy buffer, pooled
-	first    []byte  // bytes read before committing (streams)
-	firstErr error   // the error that came with first
 
 	sse      bool // the response is an event stream
 	plainSSE bool // … and not compressed: heartbeats and error events may be spliced in
@@ -109,7 +99,8 @@ func (s *rewriteSink) end() error {
 
 // exchange does the HTTP work of an attempt.
 func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, fr *frontReq) attemptResult {
-	ex := &exchange{h: h, w: w, r: r, t: t, u: t.up, stream: fr.stream, fr: *fr}
+	ex := &exchange{call: call{h: h, u: t.up, r: r, log: h.logger, stream: fr.stream, firstByte: t.up.firstByte, rt: fr.rt, idx: fr.idx},
+		w: w, t: t, fr: *fr}
 	defer ex.out.clearDeadline()
 	res := ex.run(body)
 	res.api, res.mode = fr.api, ex.mode()
@@ -119,9 +110,6 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 
 func (ex *exchange) run(body []byte) attemptResult {
 	h, r, u := ex.h, ex.r, ex.u
-	// The outgoing body is not pooled: the transport may still be writing it
-	// after RoundTrip returns. Wrapped as NopCloser(*bytes.Reader), net/http
-	// knows it is in memory and sends headers and body in one write.
 	out, ep, errBody, status := ex.buildBody(body)
 	if status != 0 {
 		if errBody != nil {
@@ -134,73 +122,21 @@ func (ex *exchange) run(body []byte) attemptResult {
 		}
 		return attemptResult{out: outDone, result: result4xx, status: status}
 	}
-	reqBody := io.NopCloser(bytes.NewReader(out))
 
-	ex.ctx, ex.cancel = h.attemptContext(r.Context())
-	defer ex.cancel()
-	ex.w8.cancel = ex.cancel
-	if ex.stream && u.firstByte > 0 {
-		ex.w8.arm(u.firstByte, codeFirstByte)
-	}
-	defer ex.w8.stop()
-
-	req := h.upstreamRequest(ex.ctx, r, u, u.urls[ep], out, reqBody)
+	ex.open(h.attemptContext(r.Context()))
+	defer ex.close()
+	req := ex.request(u.urls[ep], out)
 	if u.sessionHdr != "" {
 		req.Header.Set(u.sessionHdr, ex.sessionID(body, out))
 	}
 	if ex.translated {
 		req.Header.Set("Accept-Encoding", "identity") // the answer is translated
 	}
-	ex.sent = time.Now()
-	resp, err := u.transport.RoundTrip(req)
-	if err != nil {
-		return h.classifyError(r, u, &ex.w8, ex.ctx, err)
-	}
-	defer resp.Body.Close()
-	ex.resp = resp
-
-	res, refusal := ex.contextRefusal()
-	if refusal == refusalFailover {
+	res, ok := ex.send(req)
+	if !ok {
 		return res
 	}
-	if refusal == refusalNone && failoverStatus(resp.StatusCode) && !clientsNotFound(resp.StatusCode, ex.peekNotFound()) {
-		retryAfter := retryAfterOf(resp, time.Now()) // the retry run decides: wait, or cool
-		// Never wait long for a failed answer's body: an upstream that sends
-		// error headers and then stalls must not hold up the failover until
-		// request_timeout. When the window passes, the attempt is cancelled
-		// and the connection dropped instead of reused.
-		ex.w8.arm(drainTimeout, codeDrain)
-		h.drainFailed(u, resp)
-		ex.w8.stop()
-		return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode, retryAfter: retryAfter}
-	}
-
-	// For streams the first body byte must arrive before anything is sent to
-	// the client, so that a silent upstream can still fail over.
-	ex.buf = getCopyBuf()
-	defer putCopyBuf(ex.buf)
-	if ex.stream {
-		n, rerr := readSome(resp.Body, *ex.buf)
-		if testHookFirstRead != nil {
-			testHookFirstRead(&ex.w8)
-		}
-		switch decideFirstRead(n, rerr, ex.w8.hold() == "") {
-		case firstTimedOut:
-			return ex.firstByteTimeout()
-		case firstFailed:
-			return h.classifyError(r, u, &ex.w8, ex.ctx, rerr)
-		}
-		ex.first, ex.firstErr = (*ex.buf)[:n], rerr
-		if n == 0 && rerr == io.EOF && resp.StatusCode < 300 && isEventStream(resp) {
-			// An event stream closed before its first byte gave no answer,
-			// and nothing has reached the client: the next upstream may.
-			if c := h.logger.Check(zapcore.WarnLevel, "upstream closed an empty stream, failing over"); c != nil {
-				c.Write(zap.String("upstream", u.id))
-			}
-			return attemptResult{out: outFailover, result: resultNetErr}
-		}
-	}
-	ex.w8.stop()
+	resp := ex.resp
 
 	ex.chooseSinks()
 	ex.watchResume()
@@ -210,7 +146,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 		whole := getBuffer()
 		defer putBuffer(whole)
 		if err := ex.readWhole(whole); err != nil {
-			return h.classifyError(r, u, &ex.w8, ex.ctx, err)
+			return ex.classifyError(err)
 		}
 		if ex.translated && ex.firstErr == nil {
 			if res, refused := ex.tooBigToTranslate(); refused {
@@ -233,23 +169,6 @@ func (ex *exchange) run(body []byte) attemptResult {
 	}
 	res.cont = ex.cont
 	return res
-}
-
-// testHookFirstRead, when set by a test, runs between a stream's first read
-// and the first-byte decision: the seam for the timer-fires-just-after-data
-// race.
-var testHookFirstRead func(*watchdog)
-
-// firstByteTimeout ends an attempt whose first-byte timer beat the first
-// read: nothing reached the client, so it fails over.
-func (ex *exchange) firstByteTimeout() attemptResult {
-	if ex.r.Context().Err() != nil {
-		return attemptResult{out: outDone, result: resultCancelled}
-	}
-	if c := ex.h.logger.Check(zapcore.WarnLevel, "first byte timeout, failing over"); c != nil {
-		c.Write(zap.String("upstream", ex.u.id), zap.Duration("first_byte_timeout", ex.u.firstByte))
-	}
-	return attemptResult{out: outFailover, result: resultTimeout}
 }
 
 // chooseSinks decides how the body reaches the client: through the sink

@@ -51,17 +51,23 @@ func (u *upstream) buildHeaderValues() {
 
 // upstreamRequest builds the outgoing request: the allow-listed client
 // headers (see forwardable), the forwarding headers, the provider's key and
-// static headers, and the session header.
+// static headers, and the session header. r is nil for a probe, which
+// forwards nothing of a client.
 func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, dst *url.URL, out []byte, body io.ReadCloser) *http.Request {
-	hdr := make(http.Header, len(r.Header)+4)
-	conn := r.Header["Connection"]
-	for k, vv := range r.Header {
-		if !u.forwardable(k) || conn != nil && listed(conn, k) {
-			continue
+	var hdr http.Header
+	if r == nil {
+		hdr = make(http.Header, 4)
+	} else {
+		hdr = make(http.Header, len(r.Header)+4)
+		conn := r.Header["Connection"]
+		for k, vv := range r.Header {
+			if !u.forwardable(k) || conn != nil && listed(conn, k) {
+				continue
+			}
+			hdr[k] = vv // read-only from here on: sharing the slices is safe
 		}
-		hdr[k] = vv // read-only from here on: sharing the slices is safe
+		setForwarded(hdr, r)
 	}
-	setForwarded(hdr, r)
 	if u.think != transform.ThinkOff {
 		// The response is rewritten, so it must come uncompressed.
 		hdr["Accept-Encoding"] = identityEncoding

@@ -1,10 +1,7 @@
 package llmroute
 
 import (
-	"bytes"
 	"context"
-	"io"
-	"net/http"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -116,9 +113,7 @@ func (h *Handler) probe(parent context.Context, u *upstream) {
 			timeout = probeTimeoutFallback
 		}
 	}
-	ctx, cancel := context.WithTimeout(parent, timeout)
-	defer cancel()
-	ok, status := h.sendProbe(ctx, u)
+	ok, status := h.sendProbe(parent, u, timeout)
 	if parent.Err() != nil {
 		return // shutting down: not a verdict
 	}
@@ -138,16 +133,17 @@ func (h *Handler) probe(parent context.Context, u *upstream) {
 }
 
 // sendProbe reports whether the upstream answered 2xx and sent a first body
-// byte before ctx ended.
-func (h *Handler) sendProbe(ctx context.Context, u *upstream) (bool, int) {
+// byte within timeout. It goes through the attempt path (call.go) with the
+// first-byte window set to timeout; its failures change nothing, so the
+// call's own log lines are left out (probe logs the verdict).
+func (h *Handler) sendProbe(ctx context.Context, u *upstream, timeout time.Duration) (bool, int) {
 	// A transport module may read placeholders (e.g. a tls_server_name with
 	// one) from the request's replacer; requests of clients carry Caddy's.
 	ctx = context.WithValue(ctx, caddy.ReplacerCtxKey, caddy.NewReplacer())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.urls[u.probeEP].String(), bytes.NewReader(u.probeBody))
-	if err != nil {
-		return false, 0
-	}
-	req.Header.Set("Content-Type", "application/json")
+	c := call{h: h, u: u, log: nopLogger, stream: true, firstByte: timeout}
+	c.open(context.WithCancel(ctx))
+	defer c.close() // without draining: the rest of the answer is of no interest
+	req := c.request(u.urls[u.probeEP], u.probeBody)
 	if u.probeEP != epEmbeddings {
 		req.Header.Set("Accept", "text/event-stream")
 	}
@@ -155,23 +151,10 @@ func (h *Handler) sendProbe(ctx context.Context, u *upstream) (bool, int) {
 		// Anthropic's API refuses a request without a version.
 		req.Header.Set("Anthropic-Version", anthropicVersion)
 	}
-	if u.auth != "" {
-		req.Header[u.authHdr] = []string{u.auth}
+	res, ok := c.send(req)
+	if !ok {
+		return false, res.status
 	}
-	for _, kv := range u.headers {
-		req.Header.Set(kv[0], kv[1])
-	}
-	resp, err := u.transport.RoundTrip(req)
-	if err != nil {
-		return false, 0
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		drain(resp.Body)
-		return false, resp.StatusCode
-	}
-	var one [1]byte
-	n, err := io.ReadFull(resp.Body, one[:])
-	// Close without draining: the rest of the answer is of no interest.
-	return n == 1 && err == nil, resp.StatusCode
+	st := c.resp.StatusCode
+	return st >= 200 && st <= 299 && len(c.first) > 0, st
 }

@@ -1,10 +1,7 @@
 package llmroute
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"time"
 
@@ -115,13 +112,17 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			c.fail(name, "", "no_upstream")
 		}
 	}
+	next := 0 // a target a context-length refusal claimed (0: none)
 	for after := idx; ; {
-		j, ok := h.claimNext(rt, after)
+		j, ok := next, next > 0
+		if !ok {
+			j, ok = h.claimNext(rt, after)
+		}
 		if !ok {
 			c.fail(rt.name, "", "no_upstream")
 		}
 		t := &rt.targets[j]
-		res, v := h.continueOn(r, rt, t, c, body, fr)
+		res, v := h.continueOn(r, rt, j, c, body, fr)
 		switch v {
 		case contDone:
 			if res.result != resultCancelled {
@@ -135,13 +136,23 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			c.fail(rt.name, t.up.id, resumeDiverged)
 		}
 		if why := c.notResumable(nil, fr); why != "" {
+			if res.next > 0 {
+				releaseClaim(&rt.targets[res.next])
+			}
 			c.fail(rt.name, t.up.id, why)
 		}
 		if res.fault {
 			c.from = t.up // it broke as well: the next one continues from it
 		}
-		after = j
+		after, next = j, res.next
 	}
+}
+
+// releaseClaim gives back a slot claimed for a target that will not be
+// tried.
+func releaseClaim(t *target) {
+	t.long.release() // before the slot: its release wakes the queue
+	t.up.release()
 }
 
 // chatRoute is the model's route of chat-serving upstreams and the index
@@ -206,11 +217,14 @@ func (c *continuation) final(res attemptResult) attemptResult {
 	return res
 }
 
-// continueOn runs the continuation on t, whose slot is claimed: prefill
-// when the upstream takes it and there is text to prefill, else replay; a
-// rejected prefill is replayed on the same slot. The attempt is recorded
+// continueOn runs the continuation on rt.targets[j], whose slot is
+// claimed: prefill when the upstream takes it and there is text to
+// prefill, else replay; a rejected prefill is replayed on the same slot.
+// The upstream's run follows the same-upstream rules of any attempt
+// (tryAgain: retries, a Retry-After waited out). The attempt is recorded
 // (slot released, metric, backoff) exactly once, panics included.
-func (h *Handler) continueOn(r *http.Request, rt *route, t *target, c *continuation, body []byte, fr *frontReq) (res attemptResult, v contVerdict) {
+func (h *Handler) continueOn(r *http.Request, rt *route, j int, c *continuation, body []byte, fr *frontReq) (res attemptResult, v contVerdict) {
+	t := &rt.targets[j]
 	start := time.Now()
 	recorded := false
 	defer h.finishOnPanic(rt, t, &res, start, fr.arrival, &recorded)
@@ -219,14 +233,24 @@ func (h *Handler) continueOn(r *http.Request, rt *route, t *target, c *continuat
 		ce.Write(zap.String("model", rt.name), zap.String("from", c.from.id), zap.String("to", t.up.id),
 			zap.String("path", resumePath(prefill)), zap.Int("delivered_bytes", c.ex.follow.cr.Delivered()))
 	}
-	fr.attempts++ // counted, though the headers are out
-	res, v = c.try(r, t, body, fr, prefill)
-	if v == contPrefillRejected {
-		if ce := h.logger.Check(zapcore.WarnLevel, "prefill rejected, replaying"); ce != nil {
-			ce.Write(zap.String("model", rt.name), zap.String("upstream", t.up.id), zap.Int("status", res.status))
+	run := retryRun{start: start}
+	for {
+		fr.attempts++ // counted, though the headers are out
+		res, v = c.try(r, rt, j, body, fr, prefill)
+		if v == contPrefillRejected {
+			if ce := h.logger.Check(zapcore.WarnLevel, "prefill rejected, replaying"); ce != nil {
+				ce.Write(zap.String("model", rt.name), zap.String("upstream", t.up.id), zap.Int("status", res.status))
+			}
+			prefill = false
+			continue
 		}
-		fr.attempts++
-		res, v = c.try(r, t, body, fr, false)
+		if !h.tryAgain(r, rt, t, &res, &run) {
+			break
+		}
+	}
+	c.ex.out.stop() // the keepalives went on through the run's waits
+	if res.result == resultCancelled {
+		v = contDone // the client left, during a wait too
 	}
 	res.api, res.mode = fr.api, c.ex.mode()
 	res.usage, res.firstByte = c.ex.out.usage.Usage, c.ex.out.firstWrite
@@ -242,10 +266,13 @@ func resumePath(prefill bool) string {
 	return "replay"
 }
 
-// try sends one continuation request to t and, once its stream starts,
-// copies it through the first exchange's chain.
-func (c *continuation) try(r *http.Request, t *target, body []byte, fr *frontReq, prefill bool) (attemptResult, contVerdict) {
-	ex, h, u := c.ex, c.ex.h, t.up
+// try sends one continuation request to rt.targets[j] through the
+// attempt path (call.go) and, once its stream starts, copies it through
+// the first exchange's chain.
+func (c *continuation) try(r *http.Request, rt *route, j int, body []byte, fr *frontReq, prefill bool) (attemptResult, contVerdict) {
+	ex, h := c.ex, c.ex.h
+	t := &rt.targets[j]
+	u := t.up
 	out, base, err := continuationBody(t, body, fr, prefill, ex.follow.cr.Content())
 	if err != nil {
 		if prefill {
@@ -253,86 +280,49 @@ func (c *continuation) try(r *http.Request, t *target, body []byte, fr *frontReq
 		}
 		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}, contNext
 	}
-	ctx, cancel := h.attemptContext(r.Context())
-	defer cancel()
-	var limit time.Time
-	if d, ok := ctx.Deadline(); ok {
-		limit = d
-	}
-	ex.out.restart(limit, h.heartbeat, ex.plainSSE) // keepalives while this upstream thinks
-	defer ex.out.stop()
-	w8 := watchdog{cancel: cancel}
-	if u.firstByte > 0 {
-		w8.arm(u.firstByte, codeFirstByte)
-	}
-	defer w8.stop()
+	cl := call{h: h, u: u, r: r, log: h.logger, stream: true, firstByte: u.firstByte, rt: rt, idx: j}
+	cl.open(h.attemptContext(r.Context()))
+	defer cl.close()
+	ex.out.restart(cl.limit(), h.heartbeat, ex.plainSSE) // keepalives while this upstream thinks
 
-	req := h.upstreamRequest(ctx, r, u, u.urls[epChat], out, io.NopCloser(bytes.NewReader(out)))
+	req := cl.request(u.urls[epChat], out)
 	if u.sessionHdr != "" {
 		sx := exchange{fr: *fr, tr: ex.tr}
 		req.Header.Set(u.sessionHdr, sx.sessionID(body, base)) // the history, not the prefill
 	}
 	req.Header.Set("Accept-Encoding", "identity") // the answer is followed
-	resp, err := u.transport.RoundTrip(req)
-	if err != nil {
-		return c.failedBeforeStart(h.classifyError(r, u, &w8, ctx, err))
-	}
-	defer resp.Body.Close()
-	switch st := resp.StatusCode; {
-	case prefill && st == http.StatusBadRequest:
-		drain(resp.Body)
-		return attemptResult{out: outDone, result: result4xx, status: st}, contPrefillRejected
-	case failoverStatus(st):
-		now := time.Now()
-		if d := retryAfterOf(resp, now); d > 0 {
-			h.holdRetryAfter(u, st, d, now)
+	res, ok := cl.send(req)
+	if !ok {
+		if res.result == resultCancelled {
+			return res, contDone
 		}
-		w8.arm(drainTimeout, codeDrain)
-		h.drainFailed(u, resp)
-		return attemptResult{out: outFailover, result: statusResult(st), status: st}, contNext
+		return res, contNext
+	}
+	switch st := cl.resp.StatusCode; {
+	case prefill && st == http.StatusBadRequest:
+		cl.discard()
+		return attemptResult{out: outDone, result: result4xx, status: st}, contPrefillRejected
 	case st >= 300:
-		drain(resp.Body) // this upstream will not take the request: the next may
+		cl.discard() // this upstream will not take the request: the next may
 		return attemptResult{out: outDone, result: statusResult(st), status: st}, contNext
-	case !isEventStream(resp) || !identityEncoded(resp):
-		drain(resp.Body)
+	case !isEventStream(cl.resp) || !identityEncoded(cl.resp):
+		cl.discard()
 		return attemptResult{out: outFailover, result: resultNetErr, status: st}, contNext
 	}
-
-	buf := getCopyBuf()
-	defer putCopyBuf(buf)
-	n, rerr := readSome(resp.Body, *buf)
-	switch decideFirstRead(n, rerr, w8.hold() == "") {
-	case firstTimedOut:
-		if r.Context().Err() != nil {
-			return attemptResult{out: outDone, result: resultCancelled}, contDone
-		}
-		return attemptResult{out: outFailover, result: resultTimeout}, contNext
-	case firstFailed:
-		return c.failedBeforeStart(h.classifyError(r, u, &w8, ctx, rerr))
-	}
-	w8.stop()
-	return c.copy(r, t, resp, ctx, &w8, (*buf)[:n], rerr, *buf, prefill)
-}
-
-// failedBeforeStart maps an attempt that failed before its first byte:
-// the client left (done), else the next upstream.
-func (c *continuation) failedBeforeStart(res attemptResult) (attemptResult, contVerdict) {
-	if res.result == resultCancelled {
-		return res, contDone
-	}
-	return res, contNext
+	res, v := c.copy(r, t, &cl, prefill)
+	ex.out.stop() // the stream went through: no wait on this upstream follows
+	return res, v
 }
 
 // copy sends the continuation's stream through the chain, bounded by the
 // upstream's idle timeout and this attempt's request_timeout.
-func (c *continuation) copy(r *http.Request, t *target, resp *http.Response, ctx context.Context, w8 *watchdog,
-	first []byte, firstErr error, buf []byte, prefill bool) (attemptResult, contVerdict) {
-	ex, u := c.ex, t.up
+func (c *continuation) copy(r *http.Request, t *target, cl *call, prefill bool) (attemptResult, contVerdict) {
+	ex, u, resp := c.ex, t.up, cl.resp
 	ex.follow.cr.Continue(prefill)
 	if u.streamIdle > 0 {
-		w8.prime(u.streamIdle, codeStalled)
+		cl.w8.prime(u.streamIdle, codeStalled)
 	}
-	err := ex.endStream(pump(ex.sink, resp.Body, first, firstErr, buf, w8))
+	err := ex.endStream(pump(ex.sink, resp.Body, cl.first, cl.firstErr, *cl.buf, &cl.w8))
 	res := attemptResult{out: outDone, result: statusResult(resp.StatusCode), status: resp.StatusCode}
 	switch {
 	case err == nil:
@@ -341,7 +331,7 @@ func (c *continuation) copy(r *http.Request, t *target, resp *http.Response, ctx
 	case ex.follow.cr.Diverged():
 		return res, contDiverged // the upstream answered; only differently
 	}
-	se := copyVerdict(err, w8, r.Context().Err() != nil, ctx.Err(), ex.finished())
+	se := copyVerdict(err, &cl.w8, r.Context().Err() != nil, cl.ctx.Err(), ex.finished())
 	switch {
 	case se == nil:
 		return res, contDone // the final event was out

@@ -83,12 +83,10 @@ func pause(ctx context.Context, d time.Duration) bool {
 }
 
 // exchangeRetrying runs the exchanges of one attempt on t's upstream: the
-// first, then the retries nextTry allows. Every exchange but the last is
-// counted here; the last one's result goes back to attempt, which records
-// it (metric, backoff, slot) as it records any attempt. A Retry-After that
-// was not waited out cools the upstream now that the run ends on it.
+// first, then the retries tryAgain allows. Every exchange but the last is
+// counted there; the last one's result goes back to attempt, which records
+// it (metric, backoff, slot) as it records any attempt.
 func (h *Handler) exchangeRetrying(w http.ResponseWriter, r *http.Request, rt *route, t *target, body []byte, fr *frontReq) attemptResult {
-	u := t.up
 	run := retryRun{start: time.Now()}
 	for {
 		// Each exchange is an attempt of its own; the count goes out with
@@ -96,26 +94,42 @@ func (h *Handler) exchangeRetrying(w http.ResponseWriter, r *http.Request, rt *r
 		fr.attempts++
 		h.setRouteHeaders(w, t, fr.attempts)
 		res := h.exchange(w, r, t, body, fr)
-		now := time.Now()
-		wait, again := h.nextTry(u, res, &run, now)
-		if !again {
-			if res.out == outFailover && res.retryAfter > 0 {
-				h.holdRetryAfter(u, res.status, res.retryAfter, now)
-			}
+		if !h.tryAgain(r, rt, t, &res, &run) {
 			return res
 		}
-		h.countAttempt(rt, t, res)
-		if c := h.logger.Check(zapcore.InfoLevel, "retrying on the same upstream"); c != nil {
-			c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("result", res.result),
-				zap.Int("status", res.status), zap.Duration("pause", wait), zap.Bool("retry_after", run.waited && res.retryAfter > 0),
-				zap.Int("retry", run.retries))
-		}
-		if !pause(r.Context(), wait) {
-			// The client left while the proxy waited: nothing reached it,
-			// and the upstream's blip is not held against it.
-			return attemptResult{out: outDone, result: resultCancelled, counted: true, api: res.api, mode: res.mode}
-		}
 	}
+}
+
+// tryAgain applies the same-upstream rules to a run's call that ended with
+// res, for every sender that holds a slot (an attempt's exchanges, a
+// continuation): it reports whether the run sends again, after the pause
+// nextTry chose. When it does not, res is the run's result: a Retry-After
+// that was not waited out cools the upstream now that the run ends on it,
+// and a client that left during the pause makes the run cancelled (and
+// counted). A call that is tried again is counted here.
+func (h *Handler) tryAgain(r *http.Request, rt *route, t *target, res *attemptResult, run *retryRun) bool {
+	u := t.up
+	now := time.Now()
+	wait, again := h.nextTry(u, *res, run, now)
+	if !again {
+		if res.out == outFailover && res.retryAfter > 0 {
+			h.holdRetryAfter(u, res.status, res.retryAfter, now)
+		}
+		return false
+	}
+	h.countAttempt(rt, t, *res)
+	if c := h.logger.Check(zapcore.InfoLevel, "retrying on the same upstream"); c != nil {
+		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("result", res.result),
+			zap.Int("status", res.status), zap.Duration("pause", wait), zap.Bool("retry_after", run.waited && res.retryAfter > 0),
+			zap.Int("retry", run.retries))
+	}
+	if !pause(r.Context(), wait) {
+		// The client left while the proxy waited: nothing reached it,
+		// and the upstream's blip is not held against it.
+		*res = attemptResult{out: outDone, result: resultCancelled, counted: true, api: res.api, mode: res.mode}
+		return false
+	}
+	return true
 }
 
 // countAttempt counts one exchange in llm_proxy_requests_total.
