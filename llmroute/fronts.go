@@ -237,22 +237,22 @@ func (ex *exchange) sessionID(body, out []byte) string {
 	case apiMessages:
 		hist, err := anthropic.SessionBody(nil, body)
 		if err == nil {
-			return sessions.ID(hist)
+			return ex.h.led.sessionID(hist)
 		}
 	case apiResponses:
 		info, chat := ex.rinfo, out
 		if info == nil { // native: translate only to find the history
 			var err error
 			if chat, info, err = responses.ToChat(nil, body, responses.Options{}); err != nil {
-				return sessions.ID(body)
+				return ex.h.led.sessionID(body)
 			}
 		}
 		if info.PromptCacheKey != "" && validHeaderValue(info.PromptCacheKey) {
 			return info.PromptCacheKey
 		}
-		return sessions.ID(chat)
+		return ex.h.led.sessionID(chat)
 	}
-	return sessions.ID(out)
+	return ex.h.led.sessionID(out)
 }
 
 // mode is the completion log's `mode`.
