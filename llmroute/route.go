@@ -76,8 +76,8 @@ type upstream struct {
 	backoff *backoffState // nil when backoff is off
 	// led is the ledger of the handler that compiled the upstream: its
 	// claims, releases, backoff and holds go there (ledger.go).
-	led ledger
-	price   prices        // for client keys' budgets (budget.go)
+	led   ledger
+	price prices // for client keys' budgets (budget.go)
 
 	prov     *providerState // the provider's shared capacity accounting
 	capacity int64          // the provider's capacity, unlimited when none
