@@ -291,7 +291,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 func (u *upstream) recordSuccess(now time.Time) {
 	u.state.failStreak.Store(0)
 	if u.backoff != nil {
-		u.backoff.recordSuccess(now)
+		u.led.recovered(u.backoff, now)
 	}
 }
 
@@ -301,7 +301,7 @@ func (u *upstream) recordFailure(now time.Time, logger *zap.Logger) {
 	if u.backoff == nil {
 		return
 	}
-	d := u.backoff.recordFailure(now)
+	d := u.led.failed(u.backoff, now)
 	if c := logger.Check(zapcore.InfoLevel, "backoff applied"); c != nil {
 		c.Write(zap.String("upstream", u.id), zap.String("scope", u.backoffScope), zap.Duration("cooling", d))
 	}

@@ -71,17 +71,12 @@ func (p *poolRefs) adoptProvider(id string) (st *providerState, fresh bool) {
 }
 
 // tryClaim takes a slot on the upstream and a unit of its provider's
-// capacity, both or neither, in this process and, with the redis state,
-// fleet-wide. forQueue tells that the claim is a waiter's turn, whose
-// rollback must not wake the queue (it would hand the same turn out again).
+// capacity, both or neither, through its handler's ledger: in this process
+// and, with the redis state, fleet-wide. forQueue tells that the claim is a
+// waiter's turn, whose rollback must not wake the queue (it would hand the
+// same turn out again).
 func (u *upstream) tryClaim(forQueue bool) (int64, bool) {
-	var n int64
-	var ok, wake bool
-	if f := activeFleet.Load(); f != nil {
-		n, ok, wake = f.tryClaim(u)
-	} else {
-		n, ok, wake = u.claimLocal()
-	}
+	n, ok, wake := u.led.claim(u)
 	if wake && !forQueue {
 		sched.dispatch() // a waiter that saw our transient slot may take it
 	}
@@ -123,12 +118,13 @@ func (s *upstreamState) unclaim() {
 }
 
 // release frees the upstream slot and the provider unit claimed with it
-// (fleet-wide first, with the redis state), then wakes the queue once: a
-// waiter may have been held by either.
-func (u *upstream) release() int64 {
-	if f := activeFleet.Load(); f != nil {
-		f.release(u)
-	}
+// through its handler's ledger (fleet-wide first, with the redis state),
+// which then wakes the queue once: a waiter may have been held by either.
+func (u *upstream) release() int64 { return u.led.release(u) }
+
+// releaseLocal frees the slot and the provider unit in this process; the
+// ledger wakes the queue.
+func (u *upstream) releaseLocal() int64 {
 	if u.prov != nil {
 		u.prov.release()
 	}

@@ -117,14 +117,7 @@ func retryAfterOf(resp *http.Response, now time.Time) time.Duration {
 // bounded by retry_after_max.
 func (h *Handler) holdRetryAfter(u *upstream, status int, d time.Duration, now time.Time) {
 	d = min(d, h.retryAfterMax)
-	if u.backoff != nil {
-		u.backoff.holdFor(now, d)
-	} else {
-		u.state.holdUntil(now.Add(d).UnixNano())
-		if f := activeFleet.Load(); f != nil {
-			f.shareHold(u.id, d)
-		}
-	}
+	u.led.hold(u, now, d)
 	if c := h.logger.Check(zapcore.InfoLevel, "upstream asked to retry later"); c != nil {
 		c.Write(zap.String("upstream", u.id), zap.Int("status", status), zap.Duration("cooling", d))
 	}

@@ -45,8 +45,9 @@ type codec interface {
 	session(r *http.Request) string
 	// sessionID is the upstream's session header when the client sent no
 	// session id: from the request body (the front's), the outgoing body
-	// out, and tr, the exchange's translation (nil when native).
-	sessionID(body, out []byte, tr translation) string
+	// out, and tr, the exchange's translation (nil when native); ids is
+	// the handler's ledger, which keeps the session registry.
+	sessionID(ids ledger, body, out []byte, tr translation) string
 
 	// encode makes the attempt's upstream body and picks its endpoint:
 	// native when ex.u serves the API (ex.native set), else translated to
@@ -255,7 +256,7 @@ func (ex *exchange) sessionID(body, out []byte) string {
 	if ex.fr.session != "" {
 		return ex.fr.session
 	}
-	return ex.fr.codec.sessionID(body, out, ex.tr)
+	return ex.fr.codec.sessionID(ex.h.led, body, out, ex.tr)
 }
 
 // mode is the completion log's `mode`.
@@ -271,13 +272,15 @@ func (ex *exchange) mode() string {
 // translated, never continued.
 type nativeOnly struct{}
 
-func (nativeOnly) generates() bool                               { return true }
-func (nativeOnly) viaChat() bool                                 { return false }
-func (nativeOnly) session(r *http.Request) string                { return clientSession(r) }
-func (nativeOnly) sessionID(_, out []byte, _ translation) string { return sessions.ID(out) }
-func (nativeOnly) notResumable([]byte) string                    { return "" }
-func (nativeOnly) shape() *streamShape                           { return &defaultShape }
-func (nativeOnly) writeError(w http.ResponseWriter, e apiError)  { e.write(w) }
+func (nativeOnly) generates() bool                { return true }
+func (nativeOnly) viaChat() bool                  { return false }
+func (nativeOnly) session(r *http.Request) string { return clientSession(r) }
+func (nativeOnly) sessionID(ids ledger, _, out []byte, _ translation) string {
+	return ids.sessionID(out)
+}
+func (nativeOnly) notResumable([]byte) string                   { return "" }
+func (nativeOnly) shape() *streamShape                          { return &defaultShape }
+func (nativeOnly) writeError(w http.ResponseWriter, e apiError) { e.write(w) }
 
 // encode: the body as sent (an upstream of the route serves the API).
 func (nativeOnly) encode(ex *exchange, body []byte) ([]byte, endpoint, []byte, int) {

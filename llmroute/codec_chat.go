@@ -21,7 +21,9 @@ func (chatCodec) shape() *streamShape { return &chatShape }
 // client's own session headers are not read.
 func (chatCodec) session(*http.Request) string { return "" }
 
-func (chatCodec) sessionID(_, out []byte, _ translation) string { return sessions.ID(out) }
+func (chatCodec) sessionID(ids ledger, _, out []byte, _ translation) string {
+	return ids.sessionID(out)
+}
 
 // encode: the body as sent, model swapped, patches merged, the reasoning
 // backfill included.

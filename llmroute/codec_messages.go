@@ -21,11 +21,11 @@ func (messagesCodec) shape() *streamShape            { return &messagesShape }
 
 // sessionID: the hash of the conversation's history (the system prompt and
 // messages, without the billing block that changes per request).
-func (messagesCodec) sessionID(body, out []byte, _ translation) string {
+func (messagesCodec) sessionID(ids ledger, body, out []byte, _ translation) string {
 	if hist, err := anthropic.SessionBody(nil, body); err == nil {
-		return sessions.ID(hist)
+		return ids.sessionID(hist)
 	}
-	return sessions.ID(out)
+	return ids.sessionID(out)
 }
 
 // encode: native with the billing block stripped (unless the upstream

@@ -23,20 +23,20 @@ func (responsesCodec) writeError(w http.ResponseWriter, e apiError) { e.write(w)
 
 // sessionID: Codex's prompt_cache_key, else the hash of the history as chat
 // (a native request is translated only to find it).
-func (responsesCodec) sessionID(body, out []byte, tr translation) string {
+func (responsesCodec) sessionID(ids ledger, body, out []byte, tr translation) string {
 	chat := out
 	t, _ := tr.(*responsesTranslation)
 	info := t.info()
 	if info == nil {
 		var err error
 		if chat, info, err = responses.ToChat(nil, body, responses.Options{}); err != nil {
-			return sessions.ID(body)
+			return ids.sessionID(body)
 		}
 	}
 	if info.PromptCacheKey != "" && validHeaderValue(info.PromptCacheKey) {
 		return info.PromptCacheKey
 	}
-	return sessions.ID(chat)
+	return ids.sessionID(chat)
 }
 
 // encode: native as sent, else translated; a request the translator

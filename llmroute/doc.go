@@ -51,14 +51,20 @@
 //     the codec gives, streamShape)
 //   - state.go     what outlives a reload (UsagePool): slots and backoff
 //   - capacity.go  provider capacity (pooled by provider id) and the one
-//     claim/release pair every slot goes through
-//   - fleet.go, stateconfig.go  the `state` block: memory (the pools above)
-//     or redis in front of them, with local fallback; a redis fleet is
-//     pooled by its state block, so it outlives a reload that keeps it
+//     claim/release pair every slot goes through (via the upstream's ledger)
+//   - ledger.go    one handler's ledger: everything counted or remembered
+//     on the request path (claims, releases, backoff and holds, session
+//     ids, the fleet views); memory = the pools above, redis = its fleet in
+//     front of them. Each handler owns one; every compiled upstream carries
+//     it; it wakes the queue through a hook, never by name
+//   - fleet.go, stateconfig.go  the `state` block; a redis fleet is pooled
+//     by its state block (it outlives a reload that keeps it) and renews,
+//     polls and listens for the scopes its handlers registered only
 //   - fleetkeys.go  client keys' rates and budgets on the redis fleet
 //   - redisstate/  the Redis side, one Lua script per operation (no Caddy,
 //     no llmroute import; the request path sees it only through fleet.go)
-//   - queue.go     the process-wide FIFO scheduler of waiting requests
+//   - queue.go     the process-wide FIFO scheduler of waiting requests (slots
+//     are pooled by id across handlers and reloads; arrival order is global)
 //   - prober.go    background probes of cooling upstreams (one call each,
 //     quiet: a probe's failure changes nothing)
 //   - metrics.go   collectors registered per config; gauges read from state
@@ -78,6 +84,8 @@
 //
 // Arrows that never exist: llmroute never imports the caddyfile package;
 // packages transform, wire/* and redisstate import nothing of Caddy or of this package; state.go
-// holds data and atomics that handlers, the queue and the prober act on (its
-// one outward call wakes the queue when a slot frees).
+// holds data and atomics that handlers, the queue and the prober act on, and
+// calls out to nothing; nothing reaches a "current" ledger or fleet through
+// a global (the ledger is reached through the handler or upstream that owns
+// it).
 package llmroute

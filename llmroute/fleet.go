@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,9 +30,10 @@ import (
 // Redis is away, claims stop at the local check, and when it answers again
 // one renewal writes this instance's true counts back.
 //
-// One fleet is active per process (the running config's); the request path
-// sees it through activeFleet and pays one atomic load when it is nil.
-var activeFleet atomic.Pointer[fleet]
+// The request path reaches a fleet only through its handler's ledger
+// (ledger.go, redisLedger); a fleet renews, polls and listens for exactly
+// the upstreams, providers and backoff scopes its handlers registered, so
+// a memory handler of the same process never reaches Redis.
 
 // instanceID names this process in Redis. It is process-wide so a reload
 // keeps counting in the same hash fields.
@@ -88,6 +90,12 @@ type fleet struct {
 	// again with each renewal until it does.
 	settleLater pendingSettles
 
+	// wake is the queue's hook, given by the first handler to start: a
+	// release elsewhere, a renewal that deferred a pass, the poll.
+	wake func()
+	// scopes is what the fleet's handlers count in it.
+	scopes fleetScopes
+
 	life         sync.Mutex // orders start against Destruct and the close
 	started      bool
 	stopMaintain context.CancelFunc
@@ -138,7 +146,7 @@ func newFleet(c StateConfig, logger *zap.Logger) *fleet {
 // configs starts: health and renewal, the wake listener, the slow poll.
 // Redis being down does not stop it: the fleet starts in fallback and
 // comes back by itself. Later configs only bring their logger.
-func (f *fleet) start(logger *zap.Logger) {
+func (f *fleet) start(logger *zap.Logger, wake func()) {
 	f.logger.Store(logger)
 	f.life.Lock()
 	defer f.life.Unlock()
@@ -146,6 +154,7 @@ func (f *fleet) start(logger *zap.Logger) {
 		return
 	}
 	f.started = true
+	f.wake = wake // before the goroutines that call it
 	renewing, stopMaintain := context.WithCancel(context.Background())
 	maintainDone := make(chan struct{})
 	f.stopMaintain, f.maintainDone = stopMaintain, maintainDone
@@ -165,7 +174,6 @@ func (f *fleet) start(logger *zap.Logger) {
 // fleet of its own doing that); the client, and the renewal of the
 // reservations still held, stay until the last request is done.
 func (f *fleet) Destruct() error {
-	activeFleet.CompareAndSwap(f, nil)
 	f.life.Lock()
 	f.retired.Store(true)
 	stop, done := f.stopListen, f.listenDone
@@ -268,17 +276,13 @@ func (f *fleet) renew(ctx context.Context) error {
 // renewSlots holds the write lock only while it reads the counts and
 // queues the renewal: the store sends its calls in order, so the claims and
 // releases queued before are applied before it, and those queued after,
-// after it.
+// after it. Only the fleet's own scopes are written (fleetScopes.counts).
 func (f *fleet) renewSlots(ctx context.Context) error {
 	f.mu.Lock()
-	ups, provs := make(map[string]int64), make(map[string]int64)
-	upstreamPool.Range(func(_, v any) bool { s := v.(*upstreamState); ups[s.id] = s.inflight.Load(); return true })
-	draining.Range(func(_, v any) bool { s := v.(*upstreamState); ups[s.id] = s.inflight.Load(); return true })
-	providerPool.Range(func(_, v any) bool { p := v.(*providerState); provs[p.id] = p.inflight.Load(); return true })
-	providerDraining.Range(func(_, v any) bool { p := v.(*providerState); provs[p.id] = p.inflight.Load(); return true })
+	ups, provs := f.scopes.counts()
 	q := f.store.QueueRenew(ups, provs)
 	f.mu.Unlock()
-	sched.dispatch() // a pass the renewal deferred (grantFirst)
+	f.wake() // a pass the renewal deferred (ledger.pin)
 	return q.Wait(ctx)
 }
 
@@ -312,28 +316,29 @@ func (f *fleet) poll(ctx context.Context) {
 			return
 		case <-t.C:
 			f.syncBackoffs(ctx)
-			sched.dispatch()
+			f.wake()
 		}
 	}
 }
 
-// syncBackoffs reads every pooled backoff scope from Redis and applies the
-// coolings running there (only ever growing the local ones).
+// syncBackoffs reads the fleet's backoff scopes and upstream holds from
+// Redis and applies the coolings running there (only ever growing the local
+// ones).
 func (f *fleet) syncBackoffs(ctx context.Context) {
 	if !f.healthy.Load() {
 		return
 	}
-	var scopes []string
-	var states []*backoffState
-	backoffPool.Range(func(k, v any) bool {
-		scopes, states = append(scopes, k.(string)), append(states, v.(*backoffState))
-		return true
-	})
-	var holds []*upstreamState
-	upstreamPool.Range(func(k, v any) bool {
-		scopes, holds = append(scopes, holdScope(k.(string))), append(holds, v.(*upstreamState))
-		return true
-	})
+	states, holds := f.scopes.cooling()
+	if len(states)+len(holds) == 0 {
+		return
+	}
+	scopes := make([]string, 0, len(states)+len(holds))
+	for _, b := range states {
+		scopes = append(scopes, b.scope)
+	}
+	for _, s := range holds {
+		scopes = append(scopes, holdScope(s.id))
+	}
 	got, err := f.store.Backoffs(ctx, scopes)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -356,17 +361,18 @@ func (f *fleet) syncBackoffs(ctx context.Context) {
 	}
 }
 
-// onEvent applies a message of another instance (or this one).
+// onEvent applies a message of another instance (or this one) to the
+// fleet's own scopes.
 func (f *fleet) onEvent(ev redisstate.Event) {
 	switch ev.Kind {
 	case "release":
-		sched.dispatch()
+		f.wake()
 	case "cool", "ok":
-		if s := findHold(ev.Scope); s != nil {
-			if ev.Kind == "cool" {
+		if id, ok := strings.CutPrefix(ev.Scope, "hold/"); ok {
+			if s := f.scopes.upstream(id); s != nil && ev.Kind == "cool" {
 				s.holdUntil(time.Now().Add(ev.Left).UnixNano())
 			}
-		} else if b := findBackoff(ev.Scope); b != nil {
+		} else if b := f.scopes.backoff(ev.Scope); b != nil {
 			b.applyFleet(ev, time.Now())
 		}
 	}
@@ -490,16 +496,6 @@ func holdScope(id string) string { return "hold/" + id }
 // for a pause (Retry-After): the other instances hold it as long.
 func (f *fleet) shareHold(id string, d time.Duration) { f.shareBackoff(holdScope(id), 0, d) }
 
-// findHold returns the pooled state of the upstream whose hold scope is
-// scope, if any config uses it.
-func findHold(scope string) *upstreamState {
-	id, ok := strings.CutPrefix(scope, "hold/")
-	if !ok {
-		return nil
-	}
-	return findPooled[*upstreamState](upstreamPool, id)
-}
-
 // shareSuccess tells the fleet that a backoff scope recovered.
 func (f *fleet) shareSuccess(scope string) {
 	if !f.healthy.Load() {
@@ -525,11 +521,8 @@ type fleetStatus struct {
 	Fallback string `json:"fallback,omitempty"`
 }
 
-func currentFleetStatus() fleetStatus {
-	f := activeFleet.Load()
-	if f == nil {
-		return fleetStatus{Backend: "memory", Healthy: true}
-	}
+// status is the fleet's part of the status (redisLedger.status).
+func (f *fleet) status() fleetStatus {
 	st := fleetStatus{Backend: "redis", Healthy: f.healthy.Load()}
 	if !st.Healthy {
 		st.Fallback = "local"
@@ -540,11 +533,10 @@ func currentFleetStatus() fleetStatus {
 	return st
 }
 
-// fleetUse returns the fleet-wide in-flight counts for the status, or nil
-// maps when the memory backend runs or Redis does not answer.
-func fleetUse(upstreams, providers []string) (map[string]int64, map[string]int64) {
-	f := activeFleet.Load()
-	if f == nil || !f.healthy.Load() || !f.use() {
+// used returns the fleet-wide in-flight counts for the status, or nil
+// maps while Redis does not answer.
+func (f *fleet) used(upstreams, providers []string) (map[string]int64, map[string]int64) {
+	if !f.healthy.Load() || !f.use() {
 		return nil, nil
 	}
 	defer f.done()
@@ -554,4 +546,143 @@ func fleetUse(upstreams, providers []string) (map[string]int64, map[string]int64
 		return nil, nil
 	}
 	return ups, provs
+}
+
+// fleetScopes are the upstreams, providers and backoff scopes that the
+// fleet's handlers count in it, registered when a handler starts and given
+// back at its Cleanup. Renewals, the poll and the wake messages touch only
+// these: another handler of the process on memory (or on another fleet)
+// keeps its counts to itself. An upstream or provider given back with
+// requests still in flight is renewed until they end, so a reload that
+// drops it leaves no lease behind too early.
+type fleetScopes struct {
+	mu         sync.Mutex
+	ups        map[*upstreamState]int // by the number of registrations holding it
+	provs      map[*providerState]int
+	backoffs   map[*backoffState]int
+	drainUps   map[*upstreamState]bool
+	drainProvs map[*providerState]bool
+}
+
+// fleetRegistration is what one handler registered in its fleet.
+type fleetRegistration struct {
+	ups      []*upstreamState
+	provs    []*providerState
+	backoffs []*backoffState
+}
+
+// add records u's states, each once.
+func (r *fleetRegistration) add(u *upstream) {
+	if !slices.Contains(r.ups, u.state) {
+		r.ups = append(r.ups, u.state)
+	}
+	if u.prov != nil && !slices.Contains(r.provs, u.prov) {
+		r.provs = append(r.provs, u.prov)
+	}
+	if u.backoff != nil && !slices.Contains(r.backoffs, u.backoff) {
+		r.backoffs = append(r.backoffs, u.backoff)
+	}
+}
+
+func (f *fleet) register(r *fleetRegistration)   { f.scopes.apply(r, 1) }
+func (f *fleet) unregister(r *fleetRegistration) { f.scopes.apply(r, -1) }
+
+func (c *fleetScopes) apply(r *fleetRegistration, d int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ups == nil {
+		c.ups, c.provs, c.backoffs = map[*upstreamState]int{}, map[*providerState]int{}, map[*backoffState]int{}
+		c.drainUps, c.drainProvs = map[*upstreamState]bool{}, map[*providerState]bool{}
+	}
+	for _, s := range r.ups {
+		if c.ups[s] += d; c.ups[s] <= 0 {
+			delete(c.ups, s)
+			c.drainUps[s] = true // renewed while its requests run (counts)
+		} else {
+			delete(c.drainUps, s)
+		}
+	}
+	for _, p := range r.provs {
+		if c.provs[p] += d; c.provs[p] <= 0 {
+			delete(c.provs, p)
+			c.drainProvs[p] = true
+		} else {
+			delete(c.drainProvs, p)
+		}
+	}
+	for _, b := range r.backoffs {
+		if c.backoffs[b] += d; c.backoffs[b] <= 0 {
+			delete(c.backoffs, b)
+		}
+	}
+}
+
+// counts reads the in-flight counts a renewal writes: the registered
+// states and the draining ones, which leave once they are at zero (that
+// zero is written once more, which clears this instance's lease).
+func (c *fleetScopes) counts() (ups, provs map[string]int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ups, provs = make(map[string]int64, len(c.ups)), make(map[string]int64, len(c.provs))
+	for s := range c.drainUps {
+		n := s.inflight.Load()
+		ups[s.id] = n
+		if n <= 0 {
+			delete(c.drainUps, s)
+		}
+	}
+	for s := range c.ups {
+		ups[s.id] = s.inflight.Load()
+	}
+	for p := range c.drainProvs {
+		n := p.inflight.Load()
+		provs[p.id] = n
+		if n <= 0 {
+			delete(c.drainProvs, p)
+		}
+	}
+	for p := range c.provs {
+		provs[p.id] = p.inflight.Load()
+	}
+	return ups, provs
+}
+
+// cooling lists the backoff scopes and the upstreams (their Retry-After
+// holds) whose coolings the poll reads.
+func (c *fleetScopes) cooling() ([]*backoffState, []*upstreamState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	bs := make([]*backoffState, 0, len(c.backoffs))
+	for b := range c.backoffs {
+		bs = append(bs, b)
+	}
+	us := make([]*upstreamState, 0, len(c.ups))
+	for s := range c.ups {
+		us = append(us, s)
+	}
+	return bs, us
+}
+
+// upstream returns the registered upstream state of id, if any.
+func (c *fleetScopes) upstream(id string) *upstreamState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s := range c.ups {
+		if s.id == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// backoff returns the registered backoff scope named scope, if any.
+func (c *fleetScopes) backoff(scope string) *backoffState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for b := range c.backoffs {
+		if b.scope == scope {
+			return b
+		}
+	}
+	return nil
 }

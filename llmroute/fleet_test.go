@@ -47,8 +47,8 @@ func TestFleetPooledByStateBlockClosedAfterItsLastRequest(t *testing.T) {
 	if strings.Contains(a.poolKey, "s3cret") {
 		t.Fatal("the pool key holds the password")
 	}
-	a.start(logger)
-	b.start(logger) // once only: the second start is a no-op
+	a.start(logger, func() {})
+	b.start(logger, func() {}) // once only: the second start is a no-op
 
 	if !a.use() { // a request of the old config, still running
 		t.Fatal("use on a live fleet failed")

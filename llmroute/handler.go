@@ -163,7 +163,10 @@ type Handler struct {
 	pathChecks     chan struct{}      // closed when the start-up path checks end (pathcheck.go)
 	stopPathChecks context.CancelFunc // cancels them
 
-	fleet *fleet // the redis state, nil for memory
+	fleet *fleet // the redis state, nil for memory (client keys use it, fleetkeys.go)
+	// led is where this handler counts and remembers (ledger.go): memory,
+	// or the fleet in front of it.
+	led ledger
 }
 
 // CaddyModule returns the Caddy module information.

@@ -97,6 +97,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		var fresh bool
+		u.led = h.led
 		u.state, fresh = h.refs.adoptUpstream(u.id)
 		u.capacity = unlimited
 		if p.Capacity > 0 {

@@ -15,13 +15,19 @@ import (
 
 // The queue lets a request wait briefly for a slot instead of failing when
 // every upstream of its model is busy. There is one process-wide scheduler,
-// so that:
+// shared by every handler whatever its ledger, so that:
 //   - arrival order is global: a slot freed on an upstream that several
 //     models use goes to the earliest waiter of any of them;
 //   - one freed slot admits exactly one waiter (the slot is claimed for the
 //     waiter before it is woken: no thundering herd, no barging);
 //   - waiters survive a config reload: they hold pointers into the pooled
-//     slot state, which the new config shares.
+//     slot state, which the new config shares;
+//   - the slots are pooled by upstream id, and two handlers naming the same
+//     id share them: a slot one handler frees may be the one another
+//     handler's waiter needs.
+//
+// The ledgers (ledger.go) wake it through a hook (dispatch) and never see
+// it.
 //
 // The hot path stays lock-free: while nobody waits, claims are a CAS and a
 // release is an atomic add plus one atomic load of the waiter count.
@@ -32,7 +38,9 @@ import (
 // and hands it the slot, and the waiter finishes the claim in Redis in its
 // own goroutine (grant.complete). A slow Redis therefore delays only the
 // waiters whose turn came, never the queue itself (requests of other models
-// joining or leaving, the status, explain, the metrics).
+// joining or leaving, the status, explain, the metrics). A renewal that
+// defers a pass (ledger.pin) holds back only the waiters on its own ledger:
+// a memory model's waiter behind them is still served.
 
 var sched = &scheduler{waiters: list.New(), depth: make(map[string]int)}
 
@@ -64,14 +72,14 @@ type waiter struct {
 }
 
 // grant is a slot the scheduler claimed for a waiter in this process, on
-// target idx of its route (-1: none, the answer to a probe). Under the
-// redis state, f is the fleet in which the waiter still claims it: the
-// grant then holds a use of f and f.mu's read lock (which orders the claim
-// against a renewal, as fleet.tryClaim does), given back by complete or
-// giveBack.
+// target idx of its route (-1: none, the answer to a probe). pinned: the
+// route's ledger holds a pin for it (ledger.pin: under the redis state, a
+// use of the fleet and its read lock, which orders the claim against a
+// renewal), and the waiter still finishes the claim there; complete or
+// giveBack gives the pin back.
 type grant struct {
-	idx int
-	f   *fleet
+	idx    int
+	pinned bool
 }
 
 // dispatch admits waiters to whatever slots are free.
@@ -93,6 +101,7 @@ func (s *scheduler) dispatchLocked() {
 	}
 	now := time.Now()
 	var stuck map[*route]bool // routes that found nothing in this pass
+	var held []ledger         // ledgers whose renewal deferred this pass
 	for e := s.waiters.Front(); e != nil; {
 		next := e.Next()
 		w := e.Value.(*waiter)
@@ -101,6 +110,9 @@ func (s *scheduler) dispatchLocked() {
 			w.passed = true
 		case stuck[w.rt]:
 			s.endProbeLocked(w)
+		case held != nil && slices.Contains(held, w.rt.ledger()):
+			// Its ledger's renewal runs and dispatches when done; the
+			// waiters of other ledgers behind it still get their turn.
 		default:
 			g, res := grantFirst(w.rt, now)
 			switch res {
@@ -108,7 +120,7 @@ func (s *scheduler) dispatchLocked() {
 				w.claiming = true
 				w.ready <- g
 			case deferred:
-				return // a renewal of the shared state runs; it dispatches when done
+				held = append(held, w.rt.ledger())
 			default:
 				s.endProbeLocked(w)
 				if stuck == nil {
@@ -153,22 +165,21 @@ func (s *scheduler) removeLocked(w *waiter) {
 const (
 	noSlot   = iota
 	granted  // a slot, claimed in this process
-	deferred // a renewal of the shared state holds its lock: try after it
+	deferred // a renewal of the route's ledger holds its lock: try after it
 )
 
 // grantFirst claims in this process a slot on the first non-cooling
 // upstream of rt with room, as claimFrom does, without the shared state's
 // part (grant.complete). It runs under the scheduler's lock, so it never
-// waits: a renewal that holds or awaits the fleet's lock defers the pass.
+// waits: a renewal that holds or awaits the ledger's lock defers rt's turn.
 func grantFirst(rt *route, now time.Time) (grant, int) {
-	f := activeFleet.Load()
-	if f != nil {
-		if !f.use() {
-			f = nil // a reload has just switched it off: this process's counts only
-		} else if !f.mu.TryRLock() {
-			f.done()
-			return grant{idx: -1}, deferred
-		}
+	l := rt.ledger()
+	if l == nil {
+		return grant{idx: -1}, noSlot
+	}
+	pinned, ok := l.pin()
+	if !ok {
+		return grant{idx: -1}, deferred
 	}
 	for _, i := range rt.order() {
 		u := rt.targets[i].up
@@ -180,13 +191,12 @@ func grantFirst(rt *route, now time.Time) (grant, int) {
 			continue
 		}
 		if _, ok, _ := u.claimLocal(); ok {
-			return grant{idx: i, f: f}, granted
+			return grant{idx: i, pinned: pinned}, granted
 		}
 		long.release()
 	}
-	if f != nil {
-		f.mu.RUnlock()
-		f.done()
+	if pinned {
+		l.unpin()
 	}
 	return grant{idx: -1}, noSlot
 }
@@ -196,10 +206,10 @@ func grantFirst(rt *route, now time.Time) (grant, int) {
 // route are tried in order, as claimFrom would have; it returns the target
 // claimed, or false with nothing held.
 func (g grant) complete(rt *route) (int, bool) {
-	if g.f == nil {
+	if !g.pinned {
 		return g.idx, true
 	}
-	if g.f.claimShared(rt.targets[g.idx].up) {
+	if rt.ledger().finish(rt.targets[g.idx].up) {
 		return g.idx, true
 	}
 	rt.targets[g.idx].long.release()
@@ -207,14 +217,13 @@ func (g grant) complete(rt *route) (int, bool) {
 }
 
 // giveBack returns a grant its waiter did not take (it left meanwhile):
-// the local claim, the fleet's lock and use, then the slot goes to the
-// next waiter.
+// the local claim, the ledger's pin, then the slot goes to the next
+// waiter.
 func (g grant) giveBack(rt *route) {
 	rt.targets[g.idx].long.release()
 	rt.targets[g.idx].up.unclaimLocal()
-	if g.f != nil {
-		g.f.mu.RUnlock()
-		g.f.done()
+	if g.pinned {
+		rt.ledger().unpin()
 	}
 	sched.dispatch()
 }

@@ -10,14 +10,14 @@ import (
 
 // benchRoute builds a one-upstream route outside Caddy for white-box
 // benchmarks of admission.
-func benchRoute(b *testing.B, name string, limit int64, queue int) (*Handler, *route, *upstreamState) {
+func benchRoute(b *testing.B, name string, limit int64, queue int) (*Handler, *route, *upstream) {
 	b.Helper()
 	st := &upstreamState{id: name}
 	st.limit.Store(limit)
-	u := &upstream{id: name, provider: "p", limit: limit, state: st}
+	u := &upstream{id: name, provider: "p", limit: limit, state: st, led: newMemoryLedger(sched.dispatch)}
 	rt := &route{name: name, targets: []target{{up: u}}, queueSize: queue}
 	h := &Handler{logger: zap.NewNop(), metrics: getMetrics()}
-	return h, rt, st
+	return h, rt, u
 }
 
 // BenchmarkAdmitRelease measures a claim plus release through the admission
@@ -34,7 +34,7 @@ func BenchmarkAdmitRelease(b *testing.B) {
 		{"limit-1-queue", 1, 1 << 20},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			h, rt, st := benchRoute(b, "bench-"+tc.name, tc.limit, tc.queue)
+			h, rt, u := benchRoute(b, "bench-"+tc.name, tc.limit, tc.queue)
 			req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 			b.ReportAllocs()
 			b.SetParallelism(8) // more goroutines than slots: waiters present
@@ -45,10 +45,10 @@ func BenchmarkAdmitRelease(b *testing.B) {
 						b.Error("admission failed: " + err.message + " " + strconv.Itoa(idx))
 						return
 					}
-					st.release()
+					u.release()
 				}
 			})
-			if n := st.inflight.Load(); n != 0 {
+			if n := u.state.inflight.Load(); n != 0 {
 				b.Fatalf("inflight %d after the run", n)
 			}
 		})

@@ -19,7 +19,7 @@ import (
 func schedUpstream(id string, limit int64) *upstream {
 	st := &upstreamState{id: id}
 	st.limit.Store(limit)
-	return &upstream{id: id, provider: "p", limit: limit, state: st}
+	return &upstream{id: id, provider: "p", limit: limit, state: st, led: newMemoryLedger(sched.dispatch)}
 }
 
 // schedRoute is a model over the given upstreams with a queue.
@@ -110,14 +110,14 @@ func TestSchedulerArrivalOrderAcrossModels(t *testing.T) {
 
 	// Each freed slot goes to the earliest waiter of either model.
 	for _, want := range []string{"b1", "a1", "b2", "a2"} {
-		shared.state.release()
+		shared.release()
 		got := next(t, out)
 		if got.who != want || got.err != nil || got.idx != 0 {
 			t.Fatalf("admitted %s (idx %d, err %v), want %s", got.who, got.idx, got.err, want)
 		}
 		nothingYet(t, out)
 	}
-	shared.state.release()
+	shared.release()
 	if n := shared.state.inflight.Load(); n != 0 {
 		t.Errorf("inflight = %d after every waiter finished, want 0", n)
 	}
@@ -137,7 +137,7 @@ func TestSchedulerClaimsTheSlotForTheOldestWaiter(t *testing.T) {
 
 	// The release hands the slot over before it returns: the slot is taken
 	// (for the waiter) before the waiter even runs, so nobody can barge in.
-	u.state.release()
+	u.release()
 	if n := u.state.inflight.Load(); n != 1 {
 		t.Fatalf("inflight = %d right after the release, want 1 (claimed for the waiter)", n)
 	}
@@ -152,14 +152,14 @@ func TestSchedulerClaimsTheSlotForTheOldestWaiter(t *testing.T) {
 	if got := next(t, out); got.who != "waiter" || got.err != nil {
 		t.Fatalf("waiter: idx %d err %v", got.idx, got.err)
 	}
-	u.state.release()
+	u.release()
 
 	// With a free slot and nobody waiting, admission is immediate.
 	idx, err := h.admit(r, noQueue)
 	if err != nil || idx != 0 {
 		t.Fatalf("admit with a free slot: idx %d err %v", idx, err)
 	}
-	u.state.release()
+	u.release()
 }
 
 func TestSchedulerSecondUpstreamAndStuckModels(t *testing.T) {
@@ -175,17 +175,17 @@ func TestSchedulerSecondUpstreamAndStuckModels(t *testing.T) {
 	out := make(chan waitResult, 2)
 	enqueue(t, h, context.Background(), stuck, "stuck", 1, out)
 	enqueue(t, h, context.Background(), free, "free", 1, out)
-	other.state.release()
+	other.release()
 	if got := next(t, out); got.who != "free" || got.idx != 1 {
 		t.Fatalf("admitted %s at idx %d, want free at idx 1 (its second upstream)", got.who, got.idx)
 	}
 	nothingYet(t, out)
-	busy.state.release()
+	busy.release()
 	if got := next(t, out); got.who != "stuck" || got.idx != 0 {
 		t.Fatalf("admitted %s at idx %d, want stuck at idx 0", got.who, got.idx)
 	}
-	busy.state.release()
-	other.state.release()
+	busy.release()
+	other.release()
 }
 
 func TestSchedulerWaiterThatLeaves(t *testing.T) {
@@ -249,11 +249,11 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			out := make(chan waitResult, 1)
 			enqueue(t, h, ctx, rt, "racer", 1, out)
-			go u.state.release()
+			go u.release()
 			cancel()
 			got := next(t, out)
 			if got.err == nil {
-				u.state.release() // it was admitted: its request would end now
+				u.release() // it was admitted: its request would end now
 			} else if got.err != errClientGone {
 				t.Fatalf("racer: err %v", got.err)
 			}
@@ -261,7 +261,7 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 			u.state.tryClaim() // taken again for the next round
 		}
 	})
-	u.state.release()
+	u.release()
 	if n := u.state.inflight.Load(); n != 0 {
 		t.Errorf("inflight = %d at the end, want 0", n)
 	}
@@ -278,26 +278,40 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 func TestSchedulerTurnDeferredByRenewal(t *testing.T) {
 	f := &fleet{}
 	f.users.Store(1)
-	activeFleet.Store(f)
-	defer activeFleet.CompareAndSwap(f, nil)
+	onFleet := newRedisLedger(f, sched.dispatch)
 
 	h := schedHandler()
 	u := schedUpstream("sched-renew-u", 1)
 	free := schedUpstream("sched-renew-free", 1)
+	u.led, free.led = onFleet, onFleet
 	queued := schedRoute("sched-renew-q", 4, 0, u)
 	noQueue := schedRoute("sched-renew-n", 0, 0, free)
 	u.state.tryClaim()
 	out := make(chan waitResult, 2)
 	enqueue(t, h, context.Background(), queued, "waiter", 1, out)
 
+	// A model of a memory handler, queued behind the redis one's waiter.
+	mem := schedUpstream("sched-renew-mem", 1)
+	memQueued := schedRoute("sched-renew-mem", 4, 0, mem)
+	mem.state.tryClaim()
+	memOut := make(chan waitResult, 1)
+	enqueue(t, h, context.Background(), memQueued, "memory waiter", 1, memOut)
+
 	f.mu.Lock() // a renewal reads the counts
 	locked := make(chan struct{})
-	go func() { defer close(locked); u.state.release() }()
+	go func() { defer close(locked); u.state.release(); sched.dispatch() }() // the local part of a release
 	select {
 	case <-locked:
 	case <-time.After(10 * time.Second):
 		t.Fatal("a release blocked on the renewal's lock")
 	}
+	// The renewal defers the redis model's turn only: the memory model's
+	// waiter behind it takes the slot its handler frees.
+	mem.release()
+	if r := next(t, memOut); r.err != nil || r.idx != 0 {
+		t.Fatalf("memory waiter behind a deferred turn: idx %d err %v", r.idx, r.err)
+	}
+	mem.release()
 	go func() {
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 		idx, err := h.admit(r, noQueue)

@@ -287,7 +287,7 @@ func (c *continuation) try(r *http.Request, rt *route, j int, body []byte, fr *f
 
 	req := cl.request(u.urls[epChat], out)
 	if u.sessionHdr != "" {
-		sx := exchange{fr: *fr, tr: ex.tr}
+		sx := exchange{call: call{h: h}, fr: *fr, tr: ex.tr}
 		req.Header.Set(u.sessionHdr, sx.sessionID(body, base)) // the history, not the prefill
 	}
 	req.Header.Set("Accept-Encoding", "identity") // the answer is followed

@@ -74,7 +74,10 @@ type upstream struct {
 
 	state   *upstreamState
 	backoff *backoffState // nil when backoff is off
-	price   prices        // for client keys' budgets (budget.go)
+	// led is the ledger of the handler that compiled the upstream: its
+	// claims, releases, backoff and holds go there (ledger.go).
+	led   ledger
+	price prices // for client keys' budgets (budget.go)
 
 	prov     *providerState // the provider's shared capacity accounting
 	capacity int64          // the provider's capacity, unlimited when none
@@ -107,6 +110,15 @@ type target struct {
 	// bound the same way; bound series also keep a request that ends on a
 	// removed upstream from bringing its pruned series back.
 	series targetSeries
+}
+
+// ledger returns the ledger the route's upstreams count in (all of one
+// handler, so the first one's); nil for a route without upstreams.
+func (rt *route) ledger() ledger {
+	if len(rt.targets) == 0 {
+		return nil
+	}
+	return rt.targets[0].up.led
 }
 
 // route is a client-visible model, compiled.

@@ -110,10 +110,7 @@ func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 		b.WriteString(u.id)
 		b.WriteByte('=')
 		t, left := targetOf(rt, u), u.cooling(now)
-		fleet := fleetFree
-		if f := activeFleet.Load(); f != nil && f.healthy.Load() { // else local counts are the truth
-			fleet = u.state.fleetFull.Load()
-		}
+		fleet := u.led.fleetFull(u) // fleetFree unless Redis answers: the local counts are the truth then
 		switch f, failed := failureOf(failures, u.id); {
 		case t == nil && rt.budgetOf != nil && targetOf(rt.budgetOf, u) != nil:
 			b.WriteString("budget") // the key's budget has no room for its worst case

@@ -37,11 +37,12 @@ type sessionRegistry struct {
 	failing atomic.Bool // the last shared call failed
 }
 
-// ID returns the session id of a final outgoing body and records its
-// history, as transform.Sessions.ID does.
-func (r *sessionRegistry) ID(body []byte) string {
-	f := activeFleet.Load()
-	if f == nil || !f.healthy.Load() || !f.use() {
+// shared returns the session id of a final outgoing body from the
+// registry in f's Redis, and records its history, as
+// transform.Sessions.ID does (the redis ledger's sessionID; the memory
+// ledger asks r.local alone).
+func (r *sessionRegistry) shared(f *fleet, body []byte) string {
+	if !f.healthy.Load() || !f.use() {
 		return r.local.ID(body)
 	}
 	defer f.done()

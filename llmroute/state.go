@@ -81,13 +81,13 @@ func (s *upstreamState) tryClaim() (int64, bool) {
 	}
 }
 
-// release frees one slot and returns the new in-flight count.
+// release frees one slot and returns the new in-flight count. The caller
+// (the ledger) wakes the queue.
 func (s *upstreamState) release() int64 {
 	n := s.inflight.Add(-1)
 	if n == 0 {
 		draining.CompareAndDelete(s.id, s) // the last request of a removed upstream
 	}
-	sched.dispatch() // a waiting request may take the slot
 	return n
 }
 
@@ -177,9 +177,6 @@ func (b *backoffState) recordFailure(now time.Time) time.Duration {
 	if until := now.Add(d).UnixNano(); until > b.until.Load() {
 		b.until.Store(until)
 	}
-	if f := activeFleet.Load(); f != nil {
-		f.shareBackoff(b.scope, b.cap, 0)
-	}
 	return d
 }
 
@@ -195,28 +192,25 @@ func (b *backoffState) holdFor(now time.Time, d time.Duration) {
 	if until := now.Add(d).UnixNano(); until > b.until.Load() {
 		b.until.Store(until)
 	}
-	if f := activeFleet.Load(); f != nil {
-		f.shareBackoff(b.scope, b.cap, d)
-	}
 }
 
 // recordSuccess resets the counter and ends any cooling that a probe or a
 // request proved over. A Retry-After period is kept unless it has passed.
-func (b *backoffState) recordSuccess(now time.Time) {
+// It reports whether there was anything to reset (the ledger then shares
+// the recovery).
+func (b *backoffState) recordSuccess(now time.Time) bool {
 	if b.until.Load() == 0 && b.streak.Load() == 0 {
-		return // the common case: nothing to reset, no lock
+		return false // the common case: nothing to reset, no lock
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if f := activeFleet.Load(); f != nil {
-		f.shareSuccess(b.scope)
-	}
 	b.streak.Store(0)
 	if now.Before(b.hardUntil) {
 		b.until.Store(b.hardUntil.UnixNano())
-		return
+		return true
 	}
 	b.until.Store(0)
+	return true
 }
 
 // probeDue reports whether a probe may be sent now: the state is cooling,
@@ -229,6 +223,23 @@ func (b *backoffState) probeDue(now time.Time, interval time.Duration) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return !now.Before(b.hardUntil) && now.Sub(b.lastFailure) >= interval
+}
+
+// maxCooling returns the cap of the doubling.
+func (b *backoffState) maxCooling() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cap
+}
+
+// holdLocal cools u for at least d in this process because the upstream
+// asked (Retry-After): its backoff scope, or u alone when it has none.
+func (u *upstream) holdLocal(now time.Time, d time.Duration) {
+	if u.backoff != nil {
+		u.backoff.holdFor(now, d)
+		return
+	}
+	u.state.holdUntil(now.Add(d).UnixNano())
 }
 
 // setCap updates the cap from a new config.
@@ -307,21 +318,4 @@ func (b *backoffState) applyFleet(ev redisstate.Event, now time.Time) {
 		b.until.Store(until)
 		b.lastFailure = now // a new cooling: probes wait a full interval from here
 	}
-}
-
-// findBackoff returns the pooled backoff scope named scope, if any config
-// uses it.
-func findBackoff(scope string) *backoffState { return findPooled[*backoffState](backoffPool, scope) }
-
-// findPooled returns the value pool holds under key, the zero T when none
-// (a UsagePool has no lookup that leaves the reference count alone).
-func findPooled[T any](pool *caddy.UsagePool, key string) (found T) {
-	pool.Range(func(k, v any) bool {
-		if k == key {
-			found = v.(T)
-			return false
-		}
-		return true
-	})
-	return found
 }

@@ -100,10 +100,13 @@ func (c StateConfig) resolved(repl *caddy.Replacer) (StateConfig, error) {
 	return c, nil
 }
 
-// provisionState checks the state config and, for redis, takes the pooled
-// fleet of the state block, made with its client on first use (no
-// connection yet: Redis down at start-up must not stop Caddy).
+// provisionState checks the state config and makes the handler's ledger:
+// memory, or for redis the pooled fleet of the state block, made with its
+// client on first use (no connection yet: Redis down at start-up must not
+// stop Caddy). The ledger wakes the scheduler through the hook it is given
+// and never names it.
 func (h *Handler) provisionState(repl *caddy.Replacer) error {
+	h.led = newMemoryLedger(sched.dispatch)
 	if h.State == nil {
 		return nil
 	}
@@ -113,25 +116,31 @@ func (h *Handler) provisionState(repl *caddy.Replacer) error {
 	}
 	if c.Backend == "redis" {
 		h.fleet = acquireFleet(c, h.logger)
+		h.led = newRedisLedger(h.fleet, sched.dispatch)
 	}
 	return nil
 }
 
-// releaseState gives the handler's fleet back to the pool (Cleanup).
+// releaseState takes the handler's scopes out of its fleet and gives the
+// fleet back to the pool (Cleanup).
 func (h *Handler) releaseState() {
+	if h.led != nil {
+		h.led.stop()
+	}
 	if h.fleet != nil {
 		_, _ = fleets.Delete(h.fleet.poolKey)
 	}
 }
 
-// startState makes this config's state the process's once the config runs:
-// a redis fleet starts its renewals and listener (once, if an older config
-// on the same state block has not); memory switches any previous fleet off
-// (its leases then expire within lease_ttl).
+// startState starts the handler's ledger once its config runs: a redis
+// fleet takes on the handler's upstreams, providers and backoff scopes and
+// starts its renewals and listener (once, if an older config on the same
+// state block has not). Other handlers, in this config or another, keep
+// their own ledgers: a fleet that no handler uses any more is switched off
+// when the last of them is cleaned up (its leases expire within lease_ttl).
 func (h *Handler) startState() {
-	activeFleet.Store(h.fleet)
+	h.led.start(h)
 	if h.fleet != nil {
-		h.fleet.start(h.logger)
 		h.logger.Info("shared state", zap.String("backend", "redis"), zap.String("address", h.fleet.address),
 			zap.Duration("lease_ttl", h.fleet.ttl), zap.Bool("reject_on_error", h.fleet.reject))
 	}

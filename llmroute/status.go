@@ -198,33 +198,94 @@ func snapshot(now time.Time) statusSnapshot {
 		snap.Providers[i].Inflight += us.Inflight
 		snap.Providers[i].Upstreams = append(snap.Providers[i].Upstreams, us.ID)
 	}
-	snap.State = currentFleetStatus()
-	addFleetUse(&snap)
+	top := stateLedger(live)
+	snap.State = top.status()
+	addFleetUse(&snap, live, top)
 	return snap
 }
 
-// addFleetUse fills in the fleet-wide in-flight counts from the redis state.
-func addFleetUse(snap *statusSnapshot) {
-	if snap.State.Backend != "redis" || !snap.State.Healthy {
-		return
+// stateLedger is the ledger whose backend the status names: with several
+// handlers, a redis one if any runs (the newest unhealthy one first, so an
+// outage is never hidden behind a healthy fleet), else memory.
+func stateLedger(live []registryEntry) ledger {
+	var top ledger = &memoryLedger{}
+	for _, e := range live {
+		if _, ok := e.h.led.(*redisLedger); !ok {
+			continue
+		}
+		if !e.h.led.status().Healthy {
+			return e.h.led
+		}
+		if _, mem := top.(*memoryLedger); mem {
+			top = e.h.led
+		}
 	}
-	ids := make([]string, len(snap.Upstreams))
-	for i, u := range snap.Upstreams {
-		ids[i] = u.ID
+	return top
+}
+
+// addFleetUse fills in the fleet-wide in-flight counts, each upstream and
+// provider from the ledger of the newest handler that uses it (an upstream
+// still draining, from top's): a memory handler's have none.
+func addFleetUse(snap *statusSnapshot, live []registryEntry, top ledger) {
+	upOwner, provOwner := map[string]ledger{}, map[string]ledger{}
+	for _, e := range live {
+		for id := range e.h.table.upstreams {
+			if _, ok := upOwner[id]; !ok {
+				upOwner[id] = e.h.led
+			}
+		}
+		for _, p := range e.h.Providers {
+			if _, ok := provOwner[p.ID]; !ok {
+				provOwner[p.ID] = e.h.led
+			}
+		}
 	}
-	pids := make([]string, len(snap.Providers))
-	for i, p := range snap.Providers {
-		pids[i] = p.ID
+	type asked struct{ ups, provs []string }
+	var order []ledger
+	byLedger := map[ledger]*asked{}
+	ask := func(l ledger) *asked {
+		if l == nil {
+			l = top
+		}
+		a := byLedger[l]
+		if a == nil {
+			a = &asked{}
+			byLedger[l] = a
+			order = append(order, l)
+		}
+		return a
 	}
-	ups, provs := fleetUse(ids, pids)
-	if ups == nil {
-		return
+	for _, u := range snap.Upstreams {
+		a := ask(upOwner[u.ID])
+		a.ups = append(a.ups, u.ID)
+	}
+	for _, p := range snap.Providers {
+		a := ask(provOwner[p.ID])
+		a.provs = append(a.provs, p.ID)
+	}
+	upUse, provUse := map[string]int64{}, map[string]int64{}
+	for _, l := range order {
+		a := byLedger[l]
+		ups, provs := l.fleetUse(a.ups, a.provs)
+		if ups == nil {
+			continue
+		}
+		for _, id := range a.ups {
+			upUse[id] = ups[id]
+		}
+		for _, id := range a.provs {
+			provUse[id] = provs[id]
+		}
 	}
 	for i := range snap.Upstreams {
-		snap.Upstreams[i].FleetInflight = new(ups[snap.Upstreams[i].ID])
+		if n, ok := upUse[snap.Upstreams[i].ID]; ok {
+			snap.Upstreams[i].FleetInflight = new(n)
+		}
 	}
 	for i := range snap.Providers {
-		snap.Providers[i].FleetInflight = new(provs[snap.Providers[i].ID])
+		if n, ok := provUse[snap.Providers[i].ID]; ok {
+			snap.Providers[i].FleetInflight = new(n)
+		}
 	}
 }
 
