@@ -6,7 +6,6 @@ package integration
 
 import (
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -41,12 +40,7 @@ func TestResumeContextLengthHandsOn(t *testing.T) {
 			third := newUpstream(t, deterministic(resumeModel{"chatcmpl-third", 333, "real-c"}, false, 1))
 			p := startProxy(t, resumeThree(a, b, third))
 			start := time.Now()
-			resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
-			body, err := faultRead(resp)
-			if err != nil || resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d, read error %v; body %q", resp.StatusCode, err, tail(body, 300))
-			}
-			resumedStream(t, body, resumeFull, 20)
+			countResumed(t, p)
 			t.Logf("cut after 40 tokens, next upstream refuses the prompt as too long (%d): the third finishes after %v",
 				c.status, time.Since(start).Round(time.Millisecond))
 			if n := len(b.Calls()); n != 1 {
@@ -56,9 +50,7 @@ func TestResumeContextLengthHandsOn(t *testing.T) {
 			if len(calls) != 1 {
 				t.Fatalf("third upstream got %d calls, want 1", len(calls))
 			}
-			if prefix, _ := lastAssistant(calls[0].Body); prefix != strings.Join(resumeTokens[:40], "") {
-				t.Errorf("third upstream's prefill %q, want the 40 delivered tokens", prefix)
-			}
+			wantPrefill(t, calls[0], 40)
 			var logged bool
 			for _, e := range p.logEntries("context length exceeded, failing over without blame") {
 				logged = logged || e["upstream"] == "b" && e["to"] == "c"
@@ -91,13 +83,8 @@ func TestResumeRetryAfterWaited(t *testing.T) {
 	p := startProxy(t, resumeThree(a, b, spare, "retry_after_wait", "5s"))
 	rate0, ok0 := p.requests("m", "b", "pb", "429"), p.requests("m", "b", "pb", "ok")
 	start := time.Now()
-	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
-	body, err := faultRead(resp)
+	body := countResumed(t, p)
 	elapsed := time.Since(start)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d, read error %v; body %q", resp.StatusCode, err, tail(body, 300))
-	}
-	resumedStream(t, body, resumeFull, 20)
 	t.Logf("cut after 40 tokens, next upstream 429 Retry-After 1: waited out there, one whole stream after %v", elapsed.Round(time.Millisecond))
 	if n := len(spare.Calls()); n != 0 {
 		t.Errorf("spare got %d calls, want 0 (the Retry-After is waited out on b)", n)
@@ -106,9 +93,7 @@ func TestResumeRetryAfterWaited(t *testing.T) {
 	if len(calls) != 2 {
 		t.Fatalf("continuation upstream got %d calls, want 2 (the 429, then the continuation after the wait)", len(calls))
 	}
-	if prefix, _ := lastAssistant(calls[1].Body); prefix != strings.Join(resumeTokens[:40], "") {
-		t.Errorf("prefill after the wait %q, want the 40 delivered tokens", prefix)
-	}
+	wantPrefill(t, calls[1], 40) // after the wait
 	if elapsed < 900*time.Millisecond {
 		t.Errorf("answered after %v, want the 1 s Retry-After waited out", elapsed)
 	}

@@ -142,6 +142,29 @@ func resumeConfig(a, b *fakeUpstream, idleA string, bFields ...any) map[string]a
 		"heartbeat_interval", "100ms")
 }
 
+// countResumed sends the fixtures' streamed "count" request through p and
+// checks that the client got one whole stream, however many upstreams
+// wrote it.
+func countResumed(t *testing.T, p *proxy) string {
+	t.Helper()
+	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
+	body, err := faultRead(resp)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, read error %v (a resumed stream ends cleanly); body %q", resp.StatusCode, err, tail(body, 300))
+	}
+	resumedStream(t, body, resumeFull, 20)
+	return body
+}
+
+// wantPrefill checks that a continuation call carried the first n
+// delivered tokens as its final assistant message.
+func wantPrefill(t *testing.T, call upstreamCall, n int) {
+	t.Helper()
+	if prefix, ok := lastAssistant(call.Body); !ok || prefix != strings.Join(resumeTokens[:n], "") {
+		t.Errorf("prefill %q (assistant message %v), want the %d delivered tokens", prefix, ok, n)
+	}
+}
+
 // resumedStream checks a client stream that must be one whole answer: the
 // text equals want, one role chunk, every chunk carries the first
 // upstream's id/created/model, the last choice chunk says stop, the usage
@@ -638,19 +661,12 @@ func TestResumeChained(t *testing.T) {
 	conf["upstreams"] = append(conf["upstreams"].([]map[string]any), obj("id", "c", "provider", "pc", "model", "real-c"))
 	conf["models"] = []map[string]any{obj("name", "m", "upstreams", []string{"a", "b", "c"}, "resume", "on")}
 	p := startProxy(t, conf)
-	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`)
-	body, err := faultRead(resp)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d, read error %v; body %q", resp.StatusCode, err, tail(body, 300))
-	}
-	resumedStream(t, body, resumeFull, 20)
+	countResumed(t, p)
 	calls := c.Calls()
 	if len(calls) != 1 {
 		t.Fatalf("third upstream got %d calls, want 1", len(calls))
 	}
-	if prefix, _ := lastAssistant(calls[0].Body); prefix != strings.Join(resumeTokens[:40], "") {
-		t.Errorf("third upstream's prefill %q, want the 40 tokens a and b delivered", prefix)
-	}
+	wantPrefill(t, calls[0], 40) // what a and b delivered
 	var hop bool
 	for _, e := range p.logEntries("continuing stream") {
 		hop = hop || e["from"] == "b" && e["to"] == "c"
