@@ -16,6 +16,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // BenchmarkClaimRelease is the slot accounting hot path under contention:
@@ -24,23 +26,22 @@ func BenchmarkClaimRelease(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
 		limit int64
-	}{{"unlimited", unlimited}, {"limit=4", 4}, {"limit=1", 1}} {
+	}{{"unlimited", ledger.Unlimited}, {"limit=4", 4}, {"limit=1", 1}} {
 		b.Run(bc.name, func(b *testing.B) {
-			s := &upstreamState{id: "bench-claim"}
-			s.limit.Store(bc.limit)
+			s := &ledger.Upstream{ID: "bench-claim", State: ledger.NewUpstreamState("bench-claim", bc.limit)}
 			var refused atomic.Int64
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, ok := s.tryClaim(); ok {
-						s.release()
+					if _, ok, _ := s.ClaimLocal(); ok {
+						s.ReleaseLocal()
 					} else {
 						refused.Add(1)
 					}
 				}
 			})
 			b.ReportMetric(float64(refused.Load())/float64(b.N), "refused/op")
-			if n := s.inflight.Load(); n != 0 {
+			if n := s.State.Inflight(); n != 0 {
 				b.Fatalf("inflight %d after the benchmark", n)
 			}
 		})
@@ -159,7 +160,7 @@ func TestServeHTTPUnit(t *testing.T) {
 	if string(got) != want {
 		t.Errorf("upstream body\n got %s\nwant %s", got, want)
 	}
-	if n := h.table.upstreams["bench-u"].state.inflight.Load(); n != 0 {
+	if n := h.table.upstreams["bench-u"].State.Inflight(); n != 0 {
 		t.Errorf("inflight %d after the request", n)
 	}
 }

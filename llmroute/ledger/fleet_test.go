@@ -1,4 +1,4 @@
-package llmroute
+package ledger
 
 import (
 	"context"
@@ -11,17 +11,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
+	"github.com/llm-route/caddy-llm-route/llmroute/redisstate"
 )
 
 // testState is a resolved redis state block; nothing listens on its
 // address, and nothing here needs it to (the client connects lazily).
-func testState(prefix, password string) StateConfig {
-	c, err := StateConfig{Backend: "redis", Address: "127.0.0.1:1", Prefix: prefix, Password: password,
-		Timeout: new(Duration(20 * time.Millisecond))}.resolved(nil)
-	if err != nil {
-		panic(err)
-	}
-	return c
+func testState(prefix, password string) RedisOptions {
+	return RedisOptions{Options: redisstate.Options{Address: "127.0.0.1:1", Prefix: prefix, Password: password,
+		Timeout: 20 * time.Millisecond, LeaseTTL: 30 * time.Second}}
 }
 
 // closed reports whether f's client has been closed (a call on it fails
