@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap"
@@ -16,37 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
-
-// BenchmarkClaimRelease is the slot accounting hot path under contention:
-// every goroutine claims a slot on one shared upstream and releases it.
-func BenchmarkClaimRelease(b *testing.B) {
-	for _, bc := range []struct {
-		name  string
-		limit int64
-	}{{"unlimited", ledger.Unlimited}, {"limit=4", 4}, {"limit=1", 1}} {
-		b.Run(bc.name, func(b *testing.B) {
-			s := &ledger.Upstream{ID: "bench-claim", State: ledger.NewUpstreamState("bench-claim", bc.limit)}
-			var refused atomic.Int64
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if _, ok, _ := s.ClaimLocal(); ok {
-						s.ReleaseLocal()
-					} else {
-						refused.Add(1)
-					}
-				}
-			})
-			b.ReportMetric(float64(refused.Load())/float64(b.N), "refused/op")
-			if n := s.State.Inflight(); n != 0 {
-				b.Fatalf("inflight %d after the benchmark", n)
-			}
-		})
-	}
-}
 
 // newBenchHandler provisions a Handler with a bare Caddy context (a unit-level
 // test needs no server) in front of upstream.
