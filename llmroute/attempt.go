@@ -268,20 +268,20 @@ func (h *Handler) finishOnPanic(rt *route, t *target, res *attemptResult, start,
 // finish releases the slot and records the attempt: metric, backoff, log.
 func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival time.Time) {
 	u := t.up
-	t.long.release() // before the slot: its release wakes the queue
+	u.led.ReleaseLong(t.long) // before the slot: its release wakes the queue
 	n := u.release()
 	now := time.Now()
 	if res.out == outFailover && !res.noBlame || res.fault {
 		u.recordFailure(now, h.logger)
-		u.state.lastFailure.Store(&eventRecord{what: res.result, at: now})
+		u.State.NoteFailure(res.result, now)
 	}
 	if !res.counted {
 		h.countAttempt(rt, t, res)
 	}
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
-		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
+		c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.String("provider", u.Provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
-			zap.Int64("slot_released", n), limitField(u.limit), zap.Stringer("api", res.api), zap.String("mode", res.mode),
+			zap.Int64("slot_released", n), limitField(u.Limit), zap.Stringer("api", res.api), zap.String("mode", res.mode),
 			zap.Int64("input_tokens", res.usage.Input), zap.Int64("output_tokens", res.usage.Output),
 			ttftField(res, arrival), zap.Duration("request_duration", now.Sub(arrival)))
 	}
@@ -289,21 +289,21 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 
 // recordSuccess resets the failure streak and ends the backoff.
 func (u *upstream) recordSuccess(now time.Time) {
-	u.state.failStreak.Store(0)
-	if u.backoff != nil {
-		u.led.recovered(u.backoff, now)
+	u.State.Succeeded()
+	if u.Backoff != nil {
+		u.led.Recovered(u.Backoff, now)
 	}
 }
 
 // recordFailure counts a failure and starts (or doubles) the cooling.
 func (u *upstream) recordFailure(now time.Time, logger *zap.Logger) {
-	u.state.failStreak.Add(1)
-	if u.backoff == nil {
+	u.State.Failed()
+	if u.Backoff == nil {
 		return
 	}
-	d := u.led.failed(u.backoff, now)
+	d := u.led.Failed(u.Backoff, now)
 	if c := logger.Check(zapcore.InfoLevel, "backoff applied"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.String("scope", u.backoffScope), zap.Duration("cooling", d))
+		c.Write(zap.String("upstream", u.ID), zap.String("scope", u.backoffScope), zap.Duration("cooling", d))
 	}
 }
 

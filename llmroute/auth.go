@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
 
@@ -85,10 +86,6 @@ type clientKey struct {
 
 // allows reports whether the key may use the model named name.
 func (k *clientKey) allows(name string) bool { return k.all || k.models[name] }
-
-// keyStore is the process-wide state behind client keys; it outlives
-// reloads (accounts are reference counted by the configs naming them).
-var keyStore = keys.NewMemory()
 
 // provisionKeys compiles h.Keys: it resolves secrets, checks every entry
 // (naming it) and adopts each key's account in the store. It runs after
@@ -178,16 +175,16 @@ func (h *Handler) provisionKeys() error {
 	}
 	var created []string
 	for _, k := range h.keys {
-		if keyStore.Acquire(k.id) {
+		if ledger.LocalKeys().Acquire(k.id) {
 			created = append(created, k.id)
 		}
 		h.keyIDs = append(h.keyIDs, k.id)
 	}
-	h.keyStore = keyStore
-	if h.fleet != nil {
-		h.keyStore = &fleetKeys{f: h.fleet, local: keyStore}
-	} else if st := storageOf(h.ctx); st != nil {
-		h.restoreKeyUsage(st, created)
+	h.keyStore = h.led.Keys()
+	if h.led.Status().Backend == "memory" {
+		if st := storageOf(h.ctx); st != nil {
+			h.restoreKeyUsage(st, created)
+		}
 	}
 	return nil
 }
@@ -197,7 +194,7 @@ func (h *Handler) provisionKeys() error {
 func (h *Handler) releaseKeys() {
 	h.saveKeyUsage()
 	for _, id := range h.keyIDs {
-		keyStore.Release(id)
+		ledger.LocalKeys().Release(id)
 	}
 	h.keyIDs = nil
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap"
@@ -17,35 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
-
-// BenchmarkClaimRelease is the slot accounting hot path under contention:
-// every goroutine claims a slot on one shared upstream and releases it.
-func BenchmarkClaimRelease(b *testing.B) {
-	for _, bc := range []struct {
-		name  string
-		limit int64
-	}{{"unlimited", unlimited}, {"limit=4", 4}, {"limit=1", 1}} {
-		b.Run(bc.name, func(b *testing.B) {
-			s := &upstreamState{id: "bench-claim"}
-			s.limit.Store(bc.limit)
-			var refused atomic.Int64
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if _, ok := s.tryClaim(); ok {
-						s.release()
-					} else {
-						refused.Add(1)
-					}
-				}
-			})
-			b.ReportMetric(float64(refused.Load())/float64(b.N), "refused/op")
-			if n := s.inflight.Load(); n != 0 {
-				b.Fatalf("inflight %d after the benchmark", n)
-			}
-		})
-	}
-}
 
 // newBenchHandler provisions a Handler with a bare Caddy context (a unit-level
 // test needs no server) in front of upstream.
@@ -159,7 +129,7 @@ func TestServeHTTPUnit(t *testing.T) {
 	if string(got) != want {
 		t.Errorf("upstream body\n got %s\nwant %s", got, want)
 	}
-	if n := h.table.upstreams["bench-u"].state.inflight.Load(); n != 0 {
+	if n := h.table.upstreams["bench-u"].State.Inflight(); n != 0 {
 		t.Errorf("inflight %d after the request", n)
 	}
 }

@@ -58,7 +58,7 @@ type keyReq struct {
 	// rt is the request's route restricted to the upstreams its budget
 	// had room for when it was admitted (the route itself when all had).
 	rt *route
-	// end ends the request's hold on a shared key store (fleetkeys.go).
+	// end ends the request's hold on a shared key store (Ledger.KeepKeys).
 	end func()
 }
 
@@ -111,9 +111,7 @@ func (h *Handler) admitKey(w http.ResponseWriter, r *http.Request, f front, k *c
 		return nil
 	}
 	kr.rt = fit
-	if fk, ok := h.keyStore.(*fleetKeys); ok {
-		kr.end = fk.begin()
-	}
+	kr.end = h.led.KeepKeys()
 	return kr
 }
 
@@ -182,9 +180,9 @@ func (h *Handler) reserveAttempt(kr *keyReq, rt *route, idx int) (int, *apiError
 			return idx, nil
 		}
 		if c := h.logger.Check(zapcore.DebugLevel, "budget has no room on upstream"); c != nil {
-			c.Write(zap.String("key", kr.k.id), zap.String("upstream", u.id), zap.Stringer("limit", limit))
+			c.Write(zap.String("key", kr.k.id), zap.String("upstream", u.ID), zap.Stringer("limit", limit))
 		}
-		rt.targets[idx].long.release()
+		rt.targets[idx].up.led.ReleaseLong(rt.targets[idx].long)
 		u.release()
 		next, ok := h.claimNext(rt, idx)
 		if !ok {
@@ -233,7 +231,7 @@ func (kr *keyReq) noRoom(u *upstream, limit keys.Limit, us keys.Usage) string {
 	out := a.Tokens - kr.input
 	var b strings.Builder
 	b.WriteString("this API key's " + limit.String() + " budget has no room for this request: its worst case on upstream ")
-	b.WriteString(strconv.Quote(u.id) + " is ")
+	b.WriteString(strconv.Quote(u.ID) + " is ")
 	prompt := strconv.FormatInt(kr.input, 10) + " prompt tokens"
 	output := strconv.FormatInt(out, 10) + " output tokens"
 	if limit == keys.LimitTokensPerDay {

@@ -186,7 +186,7 @@ func (c *call) firstRead() (res attemptResult, failed bool) {
 		// An event stream closed before its first byte gave no answer,
 		// and nothing has reached the client: the next upstream may.
 		if ce := c.log.Check(zapcore.WarnLevel, "upstream closed an empty stream, failing over"); ce != nil {
-			ce.Write(zap.String("upstream", c.u.id))
+			ce.Write(zap.String("upstream", c.u.ID))
 		}
 		return attemptResult{out: outFailover, result: resultNetErr}, true
 	}
@@ -200,7 +200,7 @@ func (c *call) firstByteTimeout() attemptResult {
 		return attemptResult{out: outDone, result: resultCancelled}
 	}
 	if ce := c.log.Check(zapcore.WarnLevel, "first byte timeout, failing over"); ce != nil {
-		ce.Write(zap.String("upstream", c.u.id), zap.Duration("first_byte_timeout", c.firstByte))
+		ce.Write(zap.String("upstream", c.u.ID), zap.Duration("first_byte_timeout", c.firstByte))
 	}
 	return attemptResult{out: outFailover, result: resultTimeout}
 }
@@ -214,11 +214,11 @@ func (c *call) classifyError(err error) attemptResult {
 	case res.result == resultCancelled:
 	case c.w8.firedFor() == codeFirstByte:
 		if ce := c.log.Check(zapcore.WarnLevel, "first byte timeout, failing over"); ce != nil {
-			ce.Write(zap.String("upstream", c.u.id), zap.Duration("first_byte_timeout", c.firstByte))
+			ce.Write(zap.String("upstream", c.u.ID), zap.Duration("first_byte_timeout", c.firstByte))
 		}
 	case res.result == resultNetErr:
 		if ce := c.log.Check(zapcore.WarnLevel, "upstream connection failed"); ce != nil {
-			ce.Write(zap.String("upstream", c.u.id), zap.String("error", redactError(err)))
+			ce.Write(zap.String("upstream", c.u.ID), zap.String("error", redactError(err)))
 		}
 	}
 	return res

@@ -117,9 +117,9 @@ func retryAfterOf(resp *http.Response, now time.Time) time.Duration {
 // bounded by retry_after_max.
 func (h *Handler) holdRetryAfter(u *upstream, status int, d time.Duration, now time.Time) {
 	d = min(d, h.retryAfterMax)
-	u.led.hold(u, now, d)
+	u.led.Hold(&u.Upstream, now, d)
 	if c := h.logger.Check(zapcore.InfoLevel, "upstream asked to retry later"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.Int("status", status), zap.Duration("cooling", d))
+		c.Write(zap.String("upstream", u.ID), zap.Int("status", status), zap.Duration("cooling", d))
 	}
 }
 
@@ -171,14 +171,14 @@ func (c *call) drainFailed() {
 			if resp.Request != nil && resp.Request.URL != nil {
 				tried = resp.Request.URL.String()
 			}
-			ce.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
+			ce.Write(zap.String("upstream", u.ID), zap.String("provider", u.Provider), zap.Int("status", resp.StatusCode),
 				zap.String("url", redactURL(tried)), zap.String("body", body),
 				zap.String("hint", notFoundHint(u.base, u.model, head[:n])))
 		}
 		return
 	}
 	if ce := c.log.Check(zapcore.WarnLevel, "upstream refused the provider key"); ce != nil {
-		ce.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", resp.StatusCode),
+		ce.Write(zap.String("upstream", u.ID), zap.String("provider", u.Provider), zap.Int("status", resp.StatusCode),
 			zap.String("body", body))
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
@@ -47,7 +48,7 @@ type codec interface {
 	// session id: from the request body (the front's), the outgoing body
 	// out, and tr, the exchange's translation (nil when native); ids is
 	// the handler's ledger, which keeps the session registry.
-	sessionID(ids ledger, body, out []byte, tr translation) string
+	sessionID(ids ledger.Ledger, body, out []byte, tr translation) string
 
 	// encode makes the attempt's upstream body and picks its endpoint:
 	// native when ex.u serves the API (ex.native set), else translated to
@@ -275,8 +276,8 @@ type nativeOnly struct{}
 func (nativeOnly) generates() bool                { return true }
 func (nativeOnly) viaChat() bool                  { return false }
 func (nativeOnly) session(r *http.Request) string { return clientSession(r) }
-func (nativeOnly) sessionID(ids ledger, _, out []byte, _ translation) string {
-	return ids.sessionID(out)
+func (nativeOnly) sessionID(ids ledger.Ledger, _, out []byte, _ translation) string {
+	return ids.SessionID(out)
 }
 func (nativeOnly) notResumable([]byte) string                   { return "" }
 func (nativeOnly) shape() *streamShape                          { return &defaultShape }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
@@ -21,8 +22,8 @@ func (chatCodec) shape() *streamShape { return &chatShape }
 // client's own session headers are not read.
 func (chatCodec) session(*http.Request) string { return "" }
 
-func (chatCodec) sessionID(ids ledger, _, out []byte, _ translation) string {
-	return ids.sessionID(out)
+func (chatCodec) sessionID(ids ledger.Ledger, _, out []byte, _ translation) string {
+	return ids.SessionID(out)
 }
 
 // encode: the body as sent, model swapped, patches merged, the reasoning

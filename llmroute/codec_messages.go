@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
 
@@ -21,11 +22,11 @@ func (messagesCodec) shape() *streamShape            { return &messagesShape }
 
 // sessionID: the hash of the conversation's history (the system prompt and
 // messages, without the billing block that changes per request).
-func (messagesCodec) sessionID(ids ledger, body, out []byte, _ translation) string {
+func (messagesCodec) sessionID(ids ledger.Ledger, body, out []byte, _ translation) string {
 	if hist, err := anthropic.SessionBody(nil, body); err == nil {
-		return ids.sessionID(hist)
+		return ids.SessionID(hist)
 	}
-	return ids.sessionID(out)
+	return ids.SessionID(out)
 }
 
 // encode: native with the billing block stripped (unless the upstream

@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/responses"
 )
 
@@ -23,20 +24,20 @@ func (responsesCodec) writeError(w http.ResponseWriter, e apiError) { e.write(w)
 
 // sessionID: Codex's prompt_cache_key, else the hash of the history as chat
 // (a native request is translated only to find it).
-func (responsesCodec) sessionID(ids ledger, body, out []byte, tr translation) string {
+func (responsesCodec) sessionID(ids ledger.Ledger, body, out []byte, tr translation) string {
 	chat := out
 	t, _ := tr.(*responsesTranslation)
 	info := t.info()
 	if info == nil {
 		var err error
 		if chat, info, err = responses.ToChat(nil, body, responses.Options{}); err != nil {
-			return ids.sessionID(body)
+			return ids.SessionID(body)
 		}
 	}
 	if info.PromptCacheKey != "" && validHeaderValue(info.PromptCacheKey) {
 		return info.PromptCacheKey
 	}
-	return ids.sessionID(chat)
+	return ids.SessionID(chat)
 }
 
 // encode: native as sent, else translated; a request the translator
@@ -56,7 +57,7 @@ func (responsesCodec) encode(ex *exchange, body []byte) ([]byte, endpoint, []byt
 	}
 	if len(info.DroppedTools) > 0 || len(info.DroppedItems) > 0 {
 		ex.h.logger.Warn("responses request: left out what a chat upstream cannot take",
-			zap.String("upstream", u.id), zap.Strings("dropped_tools", info.DroppedTools), zap.Strings("dropped_items", info.DroppedItems))
+			zap.String("upstream", u.ID), zap.Strings("dropped_tools", info.DroppedTools), zap.Strings("dropped_items", info.DroppedItems))
 	}
 	return ex.encodeTranslated(chat, (*responsesTranslation)(info))
 }

@@ -67,7 +67,7 @@ func FuzzJSONConfig(f *testing.F) {
 			if err != nil {
 				return // Provision stops here too
 			}
-			h.table.upstreams[u.id] = u
+			h.table.upstreams[u.ID] = u
 		}
 		for _, m := range h.Models {
 			if _, err := h.compileRoute(m); err != nil {

@@ -93,8 +93,8 @@ func (c *call) contextRefusal() (attemptResult, int) {
 	}
 	drain(resp.Body)
 	if ce := c.log.Check(zapcore.InfoLevel, "context length exceeded, failing over without blame"); ce != nil {
-		ce.Write(zap.String("upstream", c.u.id), zap.Int("status", resp.StatusCode),
-			zap.String("to", c.rt.targets[next].up.id))
+		ce.Write(zap.String("upstream", c.u.ID), zap.Int("status", resp.StatusCode),
+			zap.String("to", c.rt.targets[next].up.ID))
 	}
 	return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode,
 		noBlame: true, next: next}, refusalFailover
@@ -165,7 +165,7 @@ func (rt *route) restricted(j int, long bool) *route {
 			continue
 		}
 		if long {
-			t.long = t.up.long
+			t.long = t.up.Long
 		}
 		sub.targets = append(sub.targets, t)
 	}

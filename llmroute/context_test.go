@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/tiktoken-go/tokenizer"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 func TestIsContextLength(t *testing.T) {
@@ -203,10 +205,10 @@ func TestTokenEstimateAgainstBPE(t *testing.T) {
 }
 
 func TestFittingRoutes(t *testing.T) {
-	mk := func(id string, window int, long *longSlots) target {
-		return target{up: &upstream{id: id, window: window, long: long}}
+	mk := func(id string, window int, long *ledger.LongSlots) target {
+		return target{up: &upstream{Upstream: ledger.Upstream{ID: id, Long: long}, window: window}}
 	}
-	ls := &longSlots{}
+	ls := &ledger.LongSlots{}
 	rt := &route{name: "m", targets: []target{mk("a", 1000, ls), mk("b", 0, nil), mk("c", 8000, ls), mk("d", 1000, nil)}}
 	rt.prepareFit(500)
 	ids := func(r *route) string {
@@ -215,7 +217,7 @@ func TestFittingRoutes(t *testing.T) {
 		}
 		var s []string
 		for _, t := range r.targets {
-			id := t.up.id
+			id := t.up.ID
 			if t.long != nil {
 				id += "+long"
 			}

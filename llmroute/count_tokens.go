@@ -47,7 +47,7 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 	now := time.Now()
 	for i := range rt.targets {
 		t := &rt.targets[i]
-		if !t.up.apis.has(apiMessages) || t.up.cooling(now) > 0 {
+		if !t.up.apis.has(apiMessages) || t.up.Cooling(now) > 0 {
 			continue
 		}
 		if h.countUpstream(w, r, t, body) {
@@ -83,9 +83,9 @@ func (h *Handler) countUpstream(w http.ResponseWriter, r *http.Request, t *targe
 		// 404 included: a server that serves messages but not count_tokens.
 		if ce := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); ce != nil {
 			if c.err != nil {
-				ce.Write(zap.String("upstream", u.id), zap.String("error", redactError(c.err)))
+				ce.Write(zap.String("upstream", u.ID), zap.String("error", redactError(c.err)))
 			} else {
-				ce.Write(zap.String("upstream", u.id), zap.Int("status", res.status))
+				ce.Write(zap.String("upstream", u.ID), zap.Int("status", res.status))
 			}
 		}
 		return false

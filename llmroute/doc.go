@@ -49,20 +49,19 @@
 //   - stream.go    the response body: passthrough or think-tag rewrite,
 //     idle watchdog, heartbeats, the final SSE error event (in the shape
 //     the codec gives, streamShape)
-//   - state.go     what outlives a reload (UsagePool): slots and backoff
-//   - capacity.go  provider capacity (pooled by provider id) and the one
-//     claim/release pair every slot goes through (via the upstream's ledger)
-//   - ledger.go    one handler's ledger: everything counted or remembered
-//     on the request path (claims, releases, backoff and holds, session
-//     ids, the fleet views); memory = the pools above, redis = its fleet in
-//     front of them. Each handler owns one; every compiled upstream carries
-//     it; it wakes the queue through a hook, never by name
-//   - fleet.go, stateconfig.go  the `state` block; a redis fleet is pooled
-//     by its state block (it outlives a reload that keeps it) and renews,
-//     polls and listens for the scopes its handlers registered only
-//   - fleetkeys.go  client keys' rates and budgets on the redis fleet
+//   - ledger/      package ledger: everything counted or remembered on the
+//     request path behind one interface (slot, capacity and long-context
+//     claims, backoff and holds, client keys' rates and budgets, session
+//     ids, the fleet views) and the pooled state it counts in (what
+//     outlives a reload). memory = the pools, redis = a fleet (pooled by
+//     its state block) in front of them. Each handler owns one; every
+//     compiled upstream embeds its handle (ledger.Upstream) and carries
+//     the ledger; it wakes the queue through a hook, never by name
+//   - stateconfig.go  the `state` block (StateConfig), resolved into the
+//     ledger's plain options
 //   - redisstate/  the Redis side, one Lua script per operation (no Caddy,
-//     no llmroute import; the request path sees it only through fleet.go)
+//     no llmroute import; the request path sees it only through the
+//     ledger's fleet)
 //   - queue.go     the process-wide FIFO scheduler of waiting requests (slots
 //     are pooled by id across handlers and reloads; arrival order is global)
 //   - prober.go    background probes of cooling upstreams (one call each,
@@ -83,9 +82,10 @@
 //     backend implements the same interface
 //
 // Arrows that never exist: llmroute never imports the caddyfile package;
-// packages transform, wire/* and redisstate import nothing of Caddy or of this package; state.go
-// holds data and atomics that handlers, the queue and the prober act on, and
-// calls out to nothing; nothing reaches a "current" ledger or fleet through
+// packages transform, wire/* and redisstate import nothing of Caddy or of this package; ledger/
+// imports neither this package nor Caddy's HTTP handler code, so the state
+// it holds never calls the queue, placement or the attempts (the compiler
+// refuses the import); nothing reaches a "current" ledger or fleet through
 // a global (the ledger is reached through the handler or upstream that owns
 // it).
 package llmroute

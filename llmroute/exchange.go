@@ -114,11 +114,11 @@ func (ex *exchange) run(body []byte) attemptResult {
 	if status != 0 {
 		if errBody != nil {
 			// The front's translator refused the body, in its own shape.
-			h.noteRefusal(r, "bad_request", "translation_refused", status, 0, zap.String("upstream", u.id))
+			h.noteRefusal(r, "bad_request", "translation_refused", status, 0, zap.String("upstream", u.ID))
 			ex.w.Header().Set("Cache-Control", "no-store")
 			writeJSON(ex.w, status, errBody)
 		} else {
-			h.refuse(ex.w, r, ex.fr.f, errBadJSON, zap.String("upstream", u.id))
+			h.refuse(ex.w, r, ex.fr.f, errBadJSON, zap.String("upstream", u.ID))
 		}
 		return attemptResult{out: outDone, result: result4xx, status: status}
 	}
@@ -185,7 +185,7 @@ func (ex *exchange) chooseSinks() {
 	if rewrite && !identityEncoded(resp) {
 		rewrite = false
 		if c := h.logger.Check(zapcore.WarnLevel, "compressed upstream response, think_tags not applied"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.String("content_encoding", resp.Header.Get("Content-Encoding")))
+			c.Write(zap.String("upstream", u.ID), zap.String("content_encoding", resp.Header.Get("Content-Encoding")))
 		}
 	}
 	var limit time.Time
@@ -392,7 +392,7 @@ func (ex *exchange) finished() bool {
 
 func (ex *exchange) logBreak(code string, err error) {
 	if c := ex.h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); c != nil {
-		c.Write(zap.String("upstream", ex.u.id), zap.String("reason", code), zap.String("error", redactError(err)))
+		c.Write(zap.String("upstream", ex.u.ID), zap.String("reason", code), zap.String("error", redactError(err)))
 	}
 }
 
@@ -462,7 +462,7 @@ func (ex *exchange) tooBigToTranslate() (attemptResult, bool) {
 	}
 	ex.u.recordSuccess(time.Now()) // the upstream answered; the bound is ours
 	if c := ex.h.logger.Check(zapcore.WarnLevel, "translated answer larger than max_rewrite_size"); c != nil {
-		c.Write(zap.String("upstream", ex.u.id), zap.Stringer("api", ex.fr.api), zap.Int64("max_rewrite_size", ex.h.maxRewrite))
+		c.Write(zap.String("upstream", ex.u.ID), zap.Stringer("api", ex.fr.api), zap.Int64("max_rewrite_size", ex.h.maxRewrite))
 	}
 	msg := "the upstream's answer is larger than max_rewrite_size (" + strconv.FormatInt(ex.h.maxRewrite, 10) +
 		" bytes), the most a non-stream answer translated from chat completions may be; raise max_rewrite_size, or send the request with stream: true"

@@ -254,7 +254,7 @@ func TestFirstByteTimerFiresJustAfterData(t *testing.T) {
 		t.Errorf("net_err results on the first upstream: %v, want 0", d)
 	}
 	for _, id := range []string{"race-u1", "race-u2"} {
-		if n := h.table.upstreams[id].state.inflight.Load(); n != 0 {
+		if n := h.table.upstreams[id].State.Inflight(); n != 0 {
 			t.Errorf("%s: inflight %d after the request", id, n)
 		}
 	}

@@ -265,7 +265,7 @@ func (h *Handler) provisionRequests() error {
 		}
 	}
 	for _, u := range h.table.upstreams {
-		u.forward = forward[u.provider]
+		u.forward = forward[u.Provider]
 	}
 
 	bits := map[string]uint64{}
@@ -305,6 +305,6 @@ func (h *Handler) putRewriter(u *upstream, rw *transform.StreamRewriter) {
 // think_tags rewriting because they exceeded max_rewrite_size.
 func (h *Handler) warnTooBig(u *upstream, n int) {
 	if c := h.logger.Check(zapcore.WarnLevel, "response larger than max_rewrite_size, think_tags not applied"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.Int64("max_rewrite_size", h.maxRewrite), zap.Int("count", n))
+		c.Write(zap.String("upstream", u.ID), zap.Int64("max_rewrite_size", h.maxRewrite), zap.Int("count", n))
 	}
 }

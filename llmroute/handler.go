@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 func init() {
@@ -127,7 +128,7 @@ type Handler struct {
 	ctx       caddy.Context
 	logger    *zap.Logger
 	metrics   *routeMetrics
-	refs      poolRefs
+	refs      ledger.PoolRefs
 	transport *http.Transport // the default for providers without a transport module
 
 	events     *caddyevents.App // of this handler's config; nil in a bare context
@@ -144,15 +145,14 @@ type Handler struct {
 	maxBody        int64
 	maxRewrite     int64
 	routeHeaders   bool
-	longRefs       []string // providers whose long-context slots this instance holds
 
 	corsAny     bool     // cors lists "*"
 	corsOrigins []string // the other listed origins
 	watchKeys   []string // top-level keys checked for duplicates (transform.ParseRequestKeys)
 
 	keys     map[[32]byte]*clientKey // by SHA-256 of the secret; nil = no keys configured
-	keyIDs   []string                // accounts this instance acquired in keyStore
-	keyStore keys.Store
+	keyIDs   []string                // accounts this instance acquired in the process's key store (ledger.LocalKeys)
+	keyStore keys.Store              // its ledger's
 	// usageStorage is where the keys' usage is saved (keyusage.go); nil
 	// when it is not (state redis, or no keys).
 	usageStorage usageStorage
@@ -163,10 +163,9 @@ type Handler struct {
 	pathChecks     chan struct{}      // closed when the start-up path checks end (pathcheck.go)
 	stopPathChecks context.CancelFunc // cancels them
 
-	fleet *fleet // the redis state, nil for memory (client keys use it, fleetkeys.go)
-	// led is where this handler counts and remembers (ledger.go): memory,
-	// or the fleet in front of it.
-	led ledger
+	// led is where this handler counts and remembers (llmroute/ledger):
+	// memory, or a redis fleet in front of it.
+	led ledger.Ledger
 }
 
 // CaddyModule returns the Caddy module information.

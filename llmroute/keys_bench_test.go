@@ -99,14 +99,14 @@ func BenchmarkKeyChecks(b *testing.B) {
 		req.Header["Authorization"] = []string{"Bearer sk-client-567"}
 		k := h.authenticate(rec, req, frontChat)
 		kr := h.admitKey(rec, req, frontChat, k, rt, benchRequest)
-		if _, ok := rt.targets[0].up.state.tryClaim(); !ok {
+		if _, ok, _ := rt.targets[0].up.ClaimLocal(); !ok {
 			b.Fatal("no slot")
 		}
 		idx, e := h.reserveAttempt(kr, rt, 0)
 		if e != nil || idx != 0 {
 			b.Fatal(e)
 		}
-		rt.targets[0].up.state.release()
+		rt.targets[0].up.ReleaseLocal()
 		h.settleAttempt(kr, &rt.targets[0], res)
 	}
 }
@@ -127,14 +127,14 @@ func TestKeyChecksUnit(t *testing.T) {
 	if kr == nil || kr.output != 256 || kr.input != int64(len(benchRequest)+3)/4 {
 		t.Fatalf("keyReq %+v", kr)
 	}
-	rt.targets[0].up.state.tryClaim()
+	rt.targets[0].up.ClaimLocal()
 	if _, e := h.reserveAttempt(kr, rt, 0); e != nil {
 		t.Fatal(e)
 	}
 	if u := h.keyStore.Usage("k2", time.Now()); u.ReservedToken != kr.input+256 {
 		t.Fatalf("reserved %+v", u)
 	}
-	rt.targets[0].up.state.release()
+	rt.targets[0].up.ReleaseLocal()
 	res := attemptResult{out: outDone, result: resultOK}
 	res.usage.Seen, res.usage.Input, res.usage.CachedInput, res.usage.Output = true, 1000, 400, 100
 	h.settleAttempt(kr, &rt.targets[0], res)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // Under state memory the keys' usage lives in this process, so a restart
@@ -80,7 +81,7 @@ var usageSaver saver
 
 type saver struct {
 	mu      sync.Mutex // one write at a time: an older snapshot never lands last
-	written uint64     // keyStore.Changes() at the last write
+	written uint64     // ledger.LocalKeys().Changes() at the last write
 	to      usageStorage
 	logger  *zap.Logger
 	users   int // handlers persisting; the ticker runs while > 0
@@ -99,7 +100,7 @@ func (h *Handler) restoreKeyUsage(st usageStorage, created []string) {
 			now := time.Now()
 			for _, id := range created {
 				if e, ok := doc.Keys[id]; ok {
-					keyStore.Restore(id, e.saved(), now)
+					ledger.LocalKeys().Restore(id, e.saved(), now)
 				}
 			}
 		}
@@ -199,11 +200,11 @@ func (s *saver) run(stop, done chan struct{}) {
 // writeLocked writes the usage to st when something was settled since the
 // last write. s.mu held.
 func (s *saver) writeLocked(st usageStorage) {
-	if keyStore.Changes() == s.written {
+	if ledger.LocalKeys().Changes() == s.written {
 		return
 	}
 	now := time.Now()
-	snap, n := keyStore.Snapshot(now)
+	snap, n := ledger.LocalKeys().Snapshot(now)
 	doc := usageDoc{Saved: now.UTC(), Keys: make(map[string]usageEntry, len(snap))}
 	for id, u := range snap {
 		doc.Keys[id] = usageEntry{

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // Between a handler's start and its cleanup, the key usage is written to
@@ -19,8 +20,8 @@ func TestKeyUsageWrittenPeriodically(t *testing.T) {
 	fs := *caddy.DefaultStorage // Caddy's file system storage, in a directory of the test
 	fs.Path = t.TempDir()
 	st := &fs
-	keyStore.Acquire("periodic")
-	defer keyStore.Release("periodic")
+	ledger.LocalKeys().Acquire("periodic")
+	defer ledger.LocalKeys().Release("periodic")
 	usageSaver.attach(st, zap.NewNop())
 	defer usageSaver.detach(st)
 
@@ -32,7 +33,7 @@ func TestKeyUsageWrittenPeriodically(t *testing.T) {
 		return doc.Keys["periodic"]
 	}
 	for _, want := range []int64{7, 14} {
-		keyStore.Record("periodic", keys.Amount{Tokens: 7, Spend: 3}, time.Now())
+		ledger.LocalKeys().Record("periodic", keys.Amount{Tokens: 7, Spend: 3}, time.Now())
 		deadline := time.Now().Add(10 * time.Second)
 		for saved().TokensToday != want {
 			if time.Now().After(deadline) {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // The metric names are those of the original llm-proxy, so existing
@@ -81,7 +83,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.state, providerCollector{}, stateErrors}, m.vis.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -120,27 +122,12 @@ func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
 // release drops it from draining), then the queue depths.
 func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
-	seen := make(map[string]bool)
-	report := func(s *upstreamState) {
-		p := s.providerID()
-		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(s.inflight.Load()), s.id, p)
-		ch <- prometheus.MustNewConstMetric(failStreakDesc, prometheus.GaugeValue, float64(s.failStreak.Load()), s.id, p)
-		cooling := max(s.coolingLeft(s.backoff.Load(), now), 0).Seconds()
-		ch <- prometheus.MustNewConstMetric(coolingDesc, prometheus.GaugeValue, cooling, s.id, p)
-	}
-	upstreamPool.Range(func(_, v any) bool {
-		s := v.(*upstreamState)
-		seen[s.id] = true
-		report(s)
-		return true
-	})
-	draining.Range(func(_, v any) bool {
-		// A re-added id is in the pool with the very same state: once only.
-		if s := v.(*upstreamState); !seen[s.id] {
-			seen[s.id] = true
-			report(s)
-		}
-		return true
+	ledger.EachUpstream(func(s *ledger.UpstreamState) {
+		p, id := s.ProviderID(), s.ID()
+		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(s.Inflight()), id, p)
+		ch <- prometheus.MustNewConstMetric(failStreakDesc, prometheus.GaugeValue, float64(s.FailStreak()), id, p)
+		cooling := max(s.CoolingLeft(s.Backoff(), now), 0).Seconds()
+		ch <- prometheus.MustNewConstMetric(coolingDesc, prometheus.GaugeValue, cooling, id, p)
 	})
 
 	// Waiters of a model no config has any more still show until they
@@ -261,7 +248,7 @@ func seriesOf(g *generation) liveSeries {
 			s.keys[k.ID] = true
 		}
 		for _, u := range h.table.upstreams {
-			s.upstreams[[2]string{u.id, u.provider}] = true
+			s.upstreams[[2]string{u.ID, u.Provider}] = true
 		}
 		for _, rt := range h.table.routes {
 			s.models[rt.name] = true
@@ -269,7 +256,7 @@ func seriesOf(g *generation) liveSeries {
 				s.queued[rt.name] = true
 			}
 			for _, t := range rt.targets {
-				s.targets[[3]string{rt.name, t.up.id, t.up.provider}] = true
+				s.targets[[3]string{rt.name, t.up.ID, t.up.Provider}] = true
 			}
 		}
 	}

@@ -38,8 +38,8 @@ func (h *Handler) startPathChecks() {
 	seen := make(map[string]bool, len(h.Providers))
 	var ups []*upstream
 	for _, uc := range h.Upstreams {
-		if u := h.table.upstreams[uc.ID]; !seen[u.provider] {
-			seen[u.provider] = true
+		if u := h.table.upstreams[uc.ID]; !seen[u.Provider] {
+			seen[u.Provider] = true
 			ups = append(ups, u)
 		}
 	}
@@ -99,7 +99,7 @@ func (h *Handler) checkPath(parent context.Context, u *upstream) {
 			return // cancelled: the config is going away
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "provider not reachable at start-up"); c != nil {
-			c.Write(zap.String("provider", u.provider), zap.String("url", redactURL(target)),
+			c.Write(zap.String("provider", u.Provider), zap.String("url", redactURL(target)),
 				zap.String("error", redactError(err)),
 				zap.String("note", "its upstreams fail over until it answers"))
 		}
@@ -109,12 +109,12 @@ func (h *Handler) checkPath(parent context.Context, u *upstream) {
 	resp.Body.Close()
 	if notFoundStatus(resp.StatusCode) {
 		if c := h.logger.Check(zapcore.WarnLevel, "provider url may be wrong"); c != nil {
-			c.Write(zap.String("provider", u.provider), zap.String("url", redactURL(target)),
+			c.Write(zap.String("provider", u.Provider), zap.String("url", redactURL(target)),
 				zap.Int("status", resp.StatusCode), zap.String("hint", pathHint(u.base)))
 		}
 		return
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "provider path checked"); c != nil {
-		c.Write(zap.String("provider", u.provider), zap.String("url", redactURL(target)), zap.Int("status", resp.StatusCode))
+		c.Write(zap.String("provider", u.Provider), zap.String("url", redactURL(target)), zap.Int("status", resp.StatusCode))
 	}
 }

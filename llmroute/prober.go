@@ -42,7 +42,7 @@ func (h *Handler) runProber() {
 	tick := time.Duration(0)
 	for _, uc := range h.Upstreams {
 		u := h.table.upstreams[uc.ID]
-		if u.probeInterval <= 0 || u.backoff == nil {
+		if u.probeInterval <= 0 || u.Backoff == nil {
 			continue
 		}
 		probed = append(probed, u)
@@ -73,7 +73,7 @@ func (h *Handler) runProber() {
 			return
 		case now := <-ticker.C:
 			for _, u := range probed {
-				if !u.backoff.probeDue(now, u.probeInterval) || now.Sub(lastProbe[u]) < u.probeInterval {
+				if !u.Backoff.ProbeDue(now, u.probeInterval) || now.Sub(lastProbe[u]) < u.probeInterval {
 					continue
 				}
 				mu.Lock()
@@ -123,13 +123,13 @@ func (h *Handler) probe(parent context.Context, u *upstream) {
 		u.recordSuccess(time.Now())
 		sched.dispatch() // waiting requests may use it now
 		if c := h.logger.Check(zapcore.InfoLevel, "probe answered, upstream back in the pool"); c != nil {
-			c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider))
+			c.Write(zap.String("upstream", u.ID), zap.String("provider", u.Provider))
 		}
 	} else if c := h.logger.Check(zapcore.InfoLevel, "probe failed, upstream stays cooling"); c != nil {
-		c.Write(zap.String("upstream", u.id), zap.String("provider", u.provider), zap.Int("status", status))
+		c.Write(zap.String("upstream", u.ID), zap.String("provider", u.Provider), zap.Int("status", status))
 	}
-	h.metrics.probes.WithLabelValues(u.id, u.provider, result).Inc()
-	u.state.lastProbe.Store(&eventRecord{what: result, at: time.Now()})
+	h.metrics.probes.WithLabelValues(u.ID, u.Provider, result).Inc()
+	u.State.NoteProbe(result, time.Now())
 }
 
 // sendProbe reports whether the upstream answered 2xx and sent a first body

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
@@ -87,8 +88,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 
 	h.table.upstreams = make(map[string]*upstream, len(h.Upstreams))
-	backoffs := make(map[string]*backoffState)
-	provStates := make(map[string]*providerState, len(h.Providers))
+	backoffs := make(map[string]*ledger.Backoff)
+	provStates := make(map[string]*ledger.ProviderState, len(h.Providers))
 	provFresh := make(map[string]bool, len(h.Providers))
 	for _, uc := range h.Upstreams {
 		p := providers[uc.Provider]
@@ -98,35 +99,35 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		var fresh bool
 		u.led = h.led
-		u.state, fresh = h.refs.adoptUpstream(u.id)
-		u.capacity = unlimited
+		u.State, fresh = h.refs.AdoptUpstream(u.ID)
+		u.Capacity = ledger.Unlimited
 		if p.Capacity > 0 {
-			u.capacity = int64(p.Capacity)
+			u.Capacity = int64(p.Capacity)
 		}
 		if _, ok := provStates[p.ID]; !ok {
-			provStates[p.ID], provFresh[p.ID] = h.refs.adoptProvider(p.ID)
+			provStates[p.ID], provFresh[p.ID] = h.refs.AdoptProvider(p.ID)
 		}
-		u.prov = provStates[p.ID]
+		u.Prov = provStates[p.ID]
 		if provFresh[p.ID] {
-			u.prov.capacity.Store(u.capacity) // nobody else uses it yet
+			u.Prov.SetCapacity(u.Capacity) // nobody else uses it yet
 		}
 		if u.backoffScope != "" {
-			scopeID := u.id
+			scopeID := u.ID
 			if u.backoffScope == "provider" {
-				scopeID = u.provider
+				scopeID = u.Provider
 			}
-			key := backoffKey(u.backoffScope, scopeID)
+			key := ledger.BackoffKey(u.backoffScope, scopeID)
 			b, ok := backoffs[key]
 			if !ok {
-				b = h.refs.adoptBackoff(key)
+				b = h.refs.AdoptBackoff(key)
 				backoffs[key] = b
 			}
-			u.backoff = b
+			u.Backoff = b
 		}
 		if fresh {
-			u.applyShared() // nobody else uses it yet
+			u.Apply(u.backoffCap) // nobody else uses it yet
 		}
-		h.table.upstreams[u.id] = u
+		h.table.upstreams[u.ID] = u
 	}
 
 	h.table.routes = make(map[string]*route, len(h.Models))
@@ -242,9 +243,8 @@ func (h *Handler) connectProvider(ctx caddy.Context, p *Provider, repl *caddy.Re
 func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, providerPatch *transform.Patch) (*upstream, error) {
 	where := fmt.Sprintf("llm_route config: upstream %q", uc.ID)
 	u := &upstream{
-		id:          uc.ID,
+		Upstream:    ledger.Upstream{ID: uc.ID, Provider: p.ID},
 		idAny:       uc.ID,
-		provider:    p.ID,
 		providerAny: p.ID,
 		model:       uc.Model,
 		base:        strings.TrimSuffix(p.URL, "/"),
@@ -279,12 +279,12 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		return nil, fmt.Errorf("%s: apis: %v", where, err)
 	}
 
-	u.limit = unlimited
+	u.Limit = ledger.Unlimited
 	switch {
 	case uc.MaxConcurrency > 0:
-		u.limit = int64(uc.MaxConcurrency)
+		u.Limit = int64(uc.MaxConcurrency)
 	case p.MaxConcurrency > 0:
-		u.limit = int64(p.MaxConcurrency)
+		u.Limit = int64(p.MaxConcurrency)
 	}
 
 	mode := uc.ThinkTags
@@ -308,8 +308,8 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	u.retryWait = durationOr(0, uc.RetryAfterWait, p.RetryAfterWait)
 	u.window = uc.ContextWindow
 	if p.LongContextCapacity > 0 {
-		u.longCap = int64(p.LongContextCapacity)
-		u.long = h.adoptLong(p.ID, u.longCap)
+		u.LongCap = int64(p.LongContextCapacity)
+		u.Long = h.refs.AdoptLong(p.ID, u.LongCap)
 	}
 	u.prefill = uc.Prefill == nil || *uc.Prefill
 	switch {
@@ -383,9 +383,9 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		u := h.table.upstreams[id]
 		counters := make(map[string]prometheus.Counter, len(allResults))
 		for _, res := range allResults {
-			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.id, u.provider, res)
+			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.ID, u.Provider, res)
 		}
-		rt.targets = append(rt.targets, target{up: u, counters: counters, series: h.metrics.vis.bind(m.Name, u.id, u.provider), edit: transform.RequestEdit{
+		rt.targets = append(rt.targets, target{up: u, counters: counters, series: h.metrics.vis.bind(m.Name, u.ID, u.Provider), edit: transform.RequestEdit{
 			Model:            u.model,
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,
@@ -447,9 +447,8 @@ func (h *Handler) Cleanup() error {
 	if h.transport != nil {
 		h.transport.CloseIdleConnections()
 	}
-	h.refs.release()
+	h.refs.Release()
 	h.releaseKeys()
-	h.releaseLong()
 	h.releaseState()
 	leaveGeneration(h)
 	return nil
@@ -466,11 +465,11 @@ func (h *Handler) logSummary() {
 		if u.backoffScope != "" {
 			backoff = u.backoffScope + ":" + Duration(u.backoffCap).String()
 		}
-		ups = append(ups, zap.Dict(u.id,
-			zap.String("provider", u.provider),
+		ups = append(ups, zap.Dict(u.ID,
+			zap.String("provider", u.Provider),
 			zap.String("url", redactURL(u.url)),
 			zap.String("model", u.model),
-			limitField(u.limit),
+			limitField(u.Limit),
 			zap.String("think_tags", u.think.String()),
 			zap.String("backoff", backoff),
 			timerField("first_byte_timeout", u.firstByte),
@@ -495,7 +494,7 @@ func (h *Handler) logSummary() {
 // the sentinel 9223372036854775807) or the number, always as a string so
 // that log pipelines see one type for the field.
 func limitField(limit int64) zap.Field {
-	if limit == unlimited {
+	if limit == ledger.Unlimited {
 		return zap.String("limit", "unlimited")
 	}
 	return zap.String("limit", strconv.FormatInt(limit, 10))
@@ -509,21 +508,6 @@ func timerField(name string, d time.Duration) zap.Field {
 	return zap.String(name, Duration(d).String())
 }
 
-// applyShared writes this config's view of an upstream into the shared
-// state: slot limit, metric label, backoff scope and cap.
-func (u *upstream) applyShared() {
-	u.state.limit.Store(u.limit)
-	u.prov.capacity.Store(u.capacity)
-	u.state.provider.Store(&u.provider)
-	u.state.backoff.Store(u.backoff)
-	if u.long != nil {
-		u.long.limit.Store(u.longCap)
-	}
-	if u.backoff != nil {
-		u.backoff.setCap(u.backoffCap)
-	}
-}
-
 // applySharedWhenStarted applies this config's limits to the shared state
 // once the config is actually running: Caddy provisions configs that it then
 // throws away (a failed load, a validation), and those must not change the
@@ -532,7 +516,7 @@ func (u *upstream) applyShared() {
 func (h *Handler) applySharedWhenStarted() {
 	apply := func() {
 		for _, u := range h.table.upstreams {
-			u.applyShared()
+			u.Apply(u.backoffCap)
 		}
 		registerHandler(h) // the admin API reports running configs only
 		h.startState()

@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // The queue lets a request wait briefly for a slot instead of failing when
@@ -26,7 +28,7 @@ import (
 //     id share them: a slot one handler frees may be the one another
 //     handler's waiter needs.
 //
-// The ledgers (ledger.go) wake it through a hook (dispatch) and never see
+// The ledgers (llmroute/ledger) wake it through a hook (dispatch) and never see
 // it.
 //
 // The hot path stays lock-free: while nobody waits, claims are a CAS and a
@@ -101,7 +103,7 @@ func (s *scheduler) dispatchLocked() {
 	}
 	now := time.Now()
 	var stuck map[*route]bool // routes that found nothing in this pass
-	var held []ledger         // ledgers whose renewal deferred this pass
+	var held []ledger.Ledger  // ledgers whose renewal deferred this pass
 	for e := s.waiters.Front(); e != nil; {
 		next := e.Next()
 		w := e.Value.(*waiter)
@@ -177,26 +179,26 @@ func grantFirst(rt *route, now time.Time) (grant, int) {
 	if l == nil {
 		return grant{idx: -1}, noSlot
 	}
-	pinned, ok := l.pin()
+	pinned, ok := l.Pin()
 	if !ok {
 		return grant{idx: -1}, deferred
 	}
 	for _, i := range rt.order() {
 		u := rt.targets[i].up
-		if u.cooling(now) > 0 {
+		if u.Cooling(now) > 0 {
 			continue
 		}
 		long := rt.targets[i].long
-		if !long.claim() {
+		if !l.ClaimLong(long) {
 			continue
 		}
-		if _, ok, _ := u.claimLocal(); ok {
+		if _, ok, _ := u.ClaimLocal(); ok {
 			return grant{idx: i, pinned: pinned}, granted
 		}
-		long.release()
+		l.ReleaseLong(long)
 	}
 	if pinned {
-		l.unpin()
+		l.Unpin()
 	}
 	return grant{idx: -1}, noSlot
 }
@@ -209,10 +211,10 @@ func (g grant) complete(rt *route) (int, bool) {
 	if !g.pinned {
 		return g.idx, true
 	}
-	if rt.ledger().finish(rt.targets[g.idx].up) {
+	if rt.ledger().Finish(&rt.targets[g.idx].up.Upstream) {
 		return g.idx, true
 	}
-	rt.targets[g.idx].long.release()
+	rt.ledger().ReleaseLong(rt.targets[g.idx].long)
 	return claimFrom(rt, g.idx, time.Now(), nil)
 }
 
@@ -220,10 +222,10 @@ func (g grant) complete(rt *route) (int, bool) {
 // the local claim, the ledger's pin, then the slot goes to the next
 // waiter.
 func (g grant) giveBack(rt *route) {
-	rt.targets[g.idx].long.release()
-	rt.targets[g.idx].up.unclaimLocal()
+	rt.ledger().ReleaseLong(rt.targets[g.idx].long)
+	rt.targets[g.idx].up.UnclaimLocal()
 	if g.pinned {
-		rt.ledger().unpin()
+		rt.ledger().Unpin()
 	}
 	sched.dispatch()
 }
@@ -262,19 +264,19 @@ func claimFrom(rt *route, after int, now time.Time, log *zap.Logger) (int, bool)
 	}
 	for _, i := range order {
 		u := rt.targets[i].up
-		if left := u.cooling(now); left > 0 {
+		if left := u.Cooling(now); left > 0 {
 			if log != nil {
 				if c := log.Check(zapcore.DebugLevel, "upstream cooling, skipped"); c != nil {
-					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.Duration("left", left))
+					c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.Duration("left", left))
 				}
 			}
 			continue
 		}
 		long := rt.targets[i].long
-		if !long.claim() {
+		if !u.led.ClaimLong(long) {
 			if log != nil {
 				if c := log.Check(zapcore.DebugLevel, "provider long-context slots full, skipped"); c != nil {
-					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider))
+					c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.String("provider", u.Provider))
 				}
 			}
 			continue
@@ -282,17 +284,17 @@ func claimFrom(rt *route, after int, now time.Time, log *zap.Logger) (int, bool)
 		if n, ok := u.tryClaim(log == nil); ok {
 			if log != nil {
 				if c := log.Check(zapcore.DebugLevel, "request accepted"); c != nil {
-					c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
-						zap.Int64("slot", n), limitField(u.limit))
+					c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.String("provider", u.Provider),
+						zap.Int64("slot", n), limitField(u.Limit))
 				}
 			}
 			return i, true
 		}
-		long.release()
-		if log != nil && u.providerFull() {
+		u.led.ReleaseLong(long)
+		if log != nil && u.ProviderFull() {
 			if c := log.Check(zapcore.DebugLevel, "provider at capacity, skipped"); c != nil {
-				c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("provider", u.provider),
-					zap.Int64("capacity", u.capacity))
+				c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.String("provider", u.Provider),
+					zap.Int64("capacity", u.Capacity))
 			}
 		}
 	}
@@ -304,7 +306,7 @@ func claimFrom(rt *route, after int, now time.Time, log *zap.Logger) (int, bool)
 func soonestBack(rt *route, now time.Time) (time.Duration, bool) {
 	soonest, all := time.Duration(math.MaxInt64), true
 	for _, t := range rt.targets {
-		left := t.up.cooling(now)
+		left := t.up.Cooling(now)
 		if left <= 0 {
 			all = false
 			continue

@@ -6,15 +6,16 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // benchRoute builds a one-upstream route outside Caddy for white-box
 // benchmarks of admission.
 func benchRoute(b *testing.B, name string, limit int64, queue int) (*Handler, *route, *upstream) {
 	b.Helper()
-	st := &upstreamState{id: name}
-	st.limit.Store(limit)
-	u := &upstream{id: name, provider: "p", limit: limit, state: st, led: newMemoryLedger(sched.dispatch)}
+	u := &upstream{Upstream: ledger.Upstream{ID: name, Provider: "p", Limit: limit, State: ledger.NewUpstreamState(name, limit)},
+		led: ledger.NewMemory(sched.dispatch)}
 	rt := &route{name: name, targets: []target{{up: u}}, queueSize: queue}
 	h := &Handler{logger: zap.NewNop(), metrics: getMetrics()}
 	return h, rt, u
@@ -29,7 +30,7 @@ func BenchmarkAdmitRelease(b *testing.B) {
 		limit int64
 		queue int
 	}{
-		{"free-slots", unlimited, 0},
+		{"free-slots", ledger.Unlimited, 0},
 		{"limit-2-queue", 2, 1 << 20},
 		{"limit-1-queue", 1, 1 << 20},
 	} {
@@ -48,7 +49,7 @@ func BenchmarkAdmitRelease(b *testing.B) {
 					u.release()
 				}
 			})
-			if n := u.state.inflight.Load(); n != 0 {
+			if n := u.State.Inflight(); n != 0 {
 				b.Fatalf("inflight %d after the run", n)
 			}
 		})

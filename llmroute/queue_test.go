@@ -9,17 +9,20 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // schedUpstream is an upstream outside Caddy with the given slot limit.
 func schedUpstream(id string, limit int64) *upstream {
-	st := &upstreamState{id: id}
-	st.limit.Store(limit)
-	return &upstream{id: id, provider: "p", limit: limit, state: st, led: newMemoryLedger(sched.dispatch)}
+	return &upstream{Upstream: ledger.Upstream{ID: id, Provider: "p", Limit: limit, State: ledger.NewUpstreamState(id, limit)},
+		led: ledger.NewMemory(sched.dispatch)}
 }
 
 // schedRoute is a model over the given upstreams with a queue.
@@ -97,7 +100,7 @@ func TestSchedulerArrivalOrderAcrossModels(t *testing.T) {
 	shared := schedUpstream("sched-order-u", 1)
 	a := schedRoute("sched-order-a", 10, 0, shared)
 	b := schedRoute("sched-order-b", 10, 0, shared)
-	if _, ok := shared.state.tryClaim(); !ok {
+	if _, ok, _ := shared.ClaimLocal(); !ok {
 		t.Fatal("the only slot is taken")
 	}
 	out := make(chan waitResult, 4)
@@ -118,7 +121,7 @@ func TestSchedulerArrivalOrderAcrossModels(t *testing.T) {
 		nothingYet(t, out)
 	}
 	shared.release()
-	if n := shared.state.inflight.Load(); n != 0 {
+	if n := shared.State.Inflight(); n != 0 {
 		t.Errorf("inflight = %d after every waiter finished, want 0", n)
 	}
 	if d := queueDepth("sched-order-a") + queueDepth("sched-order-b"); d != 0 {
@@ -131,17 +134,17 @@ func TestSchedulerClaimsTheSlotForTheOldestWaiter(t *testing.T) {
 	u := schedUpstream("sched-claim-u", 1)
 	queued := schedRoute("sched-claim-q", 10, 0, u)
 	noQueue := schedRoute("sched-claim-n", 0, 0, u)
-	u.state.tryClaim()
+	u.ClaimLocal()
 	out := make(chan waitResult, 1)
 	enqueue(t, h, context.Background(), queued, "waiter", 1, out)
 
 	// The release hands the slot over before it returns: the slot is taken
 	// (for the waiter) before the waiter even runs, so nobody can barge in.
 	u.release()
-	if n := u.state.inflight.Load(); n != 1 {
+	if n := u.State.Inflight(); n != 1 {
 		t.Fatalf("inflight = %d right after the release, want 1 (claimed for the waiter)", n)
 	}
-	if _, ok := u.state.tryClaim(); ok {
+	if _, ok, _ := u.ClaimLocal(); ok {
 		t.Fatal("a newcomer took the slot freed for the waiter")
 	}
 	// A queue-less request arriving now is refused, not served first.
@@ -170,8 +173,8 @@ func TestSchedulerSecondUpstreamAndStuckModels(t *testing.T) {
 	other := schedUpstream("sched-stuck-other", 1)
 	stuck := schedRoute("sched-stuck-s", 10, 0, busy)
 	free := schedRoute("sched-stuck-f", 10, 0, busy, other)
-	busy.state.tryClaim()
-	other.state.tryClaim()
+	busy.ClaimLocal()
+	other.ClaimLocal()
 	out := make(chan waitResult, 2)
 	enqueue(t, h, context.Background(), stuck, "stuck", 1, out)
 	enqueue(t, h, context.Background(), free, "free", 1, out)
@@ -192,7 +195,7 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 	h := schedHandler()
 	u := schedUpstream("sched-leave-u", 1)
 	rt := schedRoute("sched-leave", 10, 0, u)
-	u.state.tryClaim()
+	u.ClaimLocal()
 
 	t.Run("client gone", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -257,12 +260,12 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 			} else if got.err != errClientGone {
 				t.Fatalf("racer: err %v", got.err)
 			}
-			waitFor(t, "the slot back with nobody holding it", func() bool { return u.state.inflight.Load() == 0 })
-			u.state.tryClaim() // taken again for the next round
+			waitFor(t, "the slot back with nobody holding it", func() bool { return u.State.Inflight() == 0 })
+			u.ClaimLocal() // taken again for the next round
 		}
 	})
 	u.release()
-	if n := u.state.inflight.Load(); n != 0 {
+	if n := u.State.Inflight(); n != 0 {
 		t.Errorf("inflight = %d at the end, want 0", n)
 	}
 }
@@ -273,12 +276,13 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 // lock). While a renewal holds the write lock, a pass claims nothing and
 // never blocks; the renewal's dispatch then gives the waiter its turn, and
 // a request of a model without a queue that arrived meanwhile waits for
-// its turn instead of being refused. The fleet here is a real one whose
-// Redis is away (local accounting), so no call is made.
+// its turn instead of being refused. The ledger here counts in this
+// process and pins as a redis fleet whose Redis is away does (renewing),
+// so no call is made.
 func TestSchedulerTurnDeferredByRenewal(t *testing.T) {
-	f := &fleet{}
+	f := &renewingLedger{Ledger: ledger.NewMemory(sched.dispatch)}
 	f.users.Store(1)
-	onFleet := newRedisLedger(f, sched.dispatch)
+	onFleet := f
 
 	h := schedHandler()
 	u := schedUpstream("sched-renew-u", 1)
@@ -286,20 +290,20 @@ func TestSchedulerTurnDeferredByRenewal(t *testing.T) {
 	u.led, free.led = onFleet, onFleet
 	queued := schedRoute("sched-renew-q", 4, 0, u)
 	noQueue := schedRoute("sched-renew-n", 0, 0, free)
-	u.state.tryClaim()
+	u.ClaimLocal()
 	out := make(chan waitResult, 2)
 	enqueue(t, h, context.Background(), queued, "waiter", 1, out)
 
 	// A model of a memory handler, queued behind the redis one's waiter.
 	mem := schedUpstream("sched-renew-mem", 1)
 	memQueued := schedRoute("sched-renew-mem", 4, 0, mem)
-	mem.state.tryClaim()
+	mem.ClaimLocal()
 	memOut := make(chan waitResult, 1)
 	enqueue(t, h, context.Background(), memQueued, "memory waiter", 1, memOut)
 
 	f.mu.Lock() // a renewal reads the counts
 	locked := make(chan struct{})
-	go func() { defer close(locked); u.state.release(); sched.dispatch() }() // the local part of a release
+	go func() { defer close(locked); u.ReleaseLocal(); sched.dispatch() }() // the local part of a release
 	select {
 	case <-locked:
 	case <-time.After(10 * time.Second):
@@ -319,7 +323,7 @@ func TestSchedulerTurnDeferredByRenewal(t *testing.T) {
 	}()
 	waitFor(t, "the queue-less request in line", func() bool { return sched.waiting.Load() == 2 })
 	nothingYet(t, out)
-	if n := u.state.inflight.Load() + free.state.inflight.Load(); n != 0 {
+	if n := u.State.Inflight() + free.State.Inflight(); n != 0 {
 		t.Fatalf("%d slots claimed during the renewal", n)
 	}
 	f.mu.Unlock()
@@ -345,4 +349,36 @@ func TestSchedulerTurnDeferredByRenewal(t *testing.T) {
 		t.Fatal("a grant kept the fleet's read lock")
 	}
 	f.mu.Unlock()
+}
+
+// renewingLedger is a memory ledger that pins as the redis ledger does
+// (llmroute/ledger): a claim holds the read side of a renewal's lock and a
+// use of the fleet until its shared part is finished, and a pin fails
+// while a renewal (the test) holds the write side.
+type renewingLedger struct {
+	ledger.Ledger
+	mu    sync.RWMutex
+	users atomic.Int64
+}
+
+func (l *renewingLedger) Claim(u *ledger.Upstream) (int64, bool, bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return u.ClaimLocal()
+}
+
+func (l *renewingLedger) Pin() (pinned, ok bool) {
+	l.users.Add(1)
+	if !l.mu.TryRLock() {
+		l.users.Add(-1)
+		return false, false
+	}
+	return true, true
+}
+
+func (l *renewingLedger) Finish(*ledger.Upstream) bool { l.Unpin(); return true }
+
+func (l *renewingLedger) Unpin() {
+	l.mu.RUnlock()
+	l.users.Add(-1)
 }

@@ -128,18 +128,18 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			if res.result != resultCancelled {
 				h.metrics.resumes.WithLabelValues(rt.name, resumeOK).Inc()
 				if ce := h.logger.Check(zapcore.InfoLevel, "stream resumed"); ce != nil {
-					ce.Write(zap.String("model", rt.name), zap.String("from", c.from.id), zap.String("to", t.up.id))
+					ce.Write(zap.String("model", rt.name), zap.String("from", c.from.ID), zap.String("to", t.up.ID))
 				}
 			}
 			return c.final(res), t
 		case contDiverged:
-			c.fail(rt.name, t.up.id, resumeDiverged)
+			c.fail(rt.name, t.up.ID, resumeDiverged)
 		}
 		if why := c.notResumable(nil, fr); why != "" {
 			if res.next > 0 {
 				releaseClaim(&rt.targets[res.next])
 			}
-			c.fail(rt.name, t.up.id, why)
+			c.fail(rt.name, t.up.ID, why)
 		}
 		if res.fault {
 			c.from = t.up // it broke as well: the next one continues from it
@@ -151,7 +151,7 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 // releaseClaim gives back a slot claimed for a target that will not be
 // tried.
 func releaseClaim(t *target) {
-	t.long.release() // before the slot: its release wakes the queue
+	t.up.led.ReleaseLong(t.long) // before the slot: its release wakes the queue
 	t.up.release()
 }
 
@@ -194,7 +194,7 @@ func (c *continuation) fail(model, to, why string) {
 	h := c.ex.h
 	h.metrics.resumes.WithLabelValues(model, result).Inc()
 	if ce := h.logger.Check(zapcore.WarnLevel, "stream resume failed"); ce != nil {
-		ce.Write(zap.String("model", model), zap.String("from", c.from.id), zap.String("to", to),
+		ce.Write(zap.String("model", model), zap.String("from", c.from.ID), zap.String("to", to),
 			zap.String("reason", why), zap.String("code", c.code))
 	}
 	c.ex.sendErrorEvent(c.code)
@@ -230,7 +230,7 @@ func (h *Handler) continueOn(r *http.Request, rt *route, j int, c *continuation,
 	defer h.finishOnPanic(rt, t, &res, start, fr.arrival, &recorded)
 	prefill := t.up.prefill && c.ex.follow.cr.Content() != ""
 	if ce := h.logger.Check(zapcore.InfoLevel, "continuing stream"); ce != nil {
-		ce.Write(zap.String("model", rt.name), zap.String("from", c.from.id), zap.String("to", t.up.id),
+		ce.Write(zap.String("model", rt.name), zap.String("from", c.from.ID), zap.String("to", t.up.ID),
 			zap.String("path", resumePath(prefill)), zap.Int("delivered_bytes", c.ex.follow.cr.Delivered()))
 	}
 	run := retryRun{start: start}
@@ -239,7 +239,7 @@ func (h *Handler) continueOn(r *http.Request, rt *route, j int, c *continuation,
 		res, v = c.try(r, rt, j, body, fr, prefill)
 		if v == contPrefillRejected {
 			if ce := h.logger.Check(zapcore.WarnLevel, "prefill rejected, replaying"); ce != nil {
-				ce.Write(zap.String("model", rt.name), zap.String("upstream", t.up.id), zap.Int("status", res.status))
+				ce.Write(zap.String("model", rt.name), zap.String("upstream", t.up.ID), zap.Int("status", res.status))
 			}
 			prefill = false
 			continue
@@ -340,7 +340,7 @@ func (c *continuation) copy(r *http.Request, t *target, cl *call, prefill bool) 
 		return res, contDone // the client left
 	}
 	if ce := ex.h.logger.Check(zapcore.WarnLevel, "upstream response broke off"); ce != nil {
-		ce.Write(zap.String("upstream", u.id), zap.String("reason", se.code), zap.String("error", redactError(err)))
+		ce.Write(zap.String("upstream", u.ID), zap.String("reason", se.code), zap.String("error", redactError(err)))
 	}
 	c.code = se.code
 	res.result, res.fault = se.result, se.fault

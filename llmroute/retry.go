@@ -119,7 +119,7 @@ func (h *Handler) tryAgain(r *http.Request, rt *route, t *target, res *attemptRe
 	}
 	h.countAttempt(rt, t, *res)
 	if c := h.logger.Check(zapcore.InfoLevel, "retrying on the same upstream"); c != nil {
-		c.Write(zap.String("model", rt.name), zap.String("upstream", u.id), zap.String("result", res.result),
+		c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.String("result", res.result),
 			zap.Int("status", res.status), zap.Duration("pause", wait), zap.Bool("retry_after", run.waited && res.retryAfter > 0),
 			zap.Int("retry", run.retries))
 	}
@@ -137,6 +137,6 @@ func (h *Handler) countAttempt(rt *route, t *target, res attemptResult) {
 	if c := t.counters[res.result]; c != nil {
 		c.Inc()
 	} else {
-		h.metrics.requests.WithLabelValues(rt.name, t.up.id, t.up.provider, res.result).Inc()
+		h.metrics.requests.WithLabelValues(rt.name, t.up.ID, t.up.Provider, res.result).Inc()
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
@@ -14,8 +15,8 @@ import (
 // models into, once, at provision. It is plain data the request path
 // reads; provisioning builds it (provision.go) and nothing on the request
 // path calls back into provisioning. The live counts an upstream carries
-// (slots, backoff) are pointers into the shared state (state.go), which
-// outlives the table.
+// (slots, backoff) are pointers into the shared state (llmroute/ledger),
+// which outlives the table.
 
 // routeTable is one config's compiled routing.
 type routeTable struct {
@@ -37,8 +38,13 @@ type routeTable struct {
 // time (most specific wins: upstream → provider → default) and its shared
 // state adopted from the pools.
 type upstream struct {
-	id, provider, model string
-	idAny, providerAny  any // id and provider boxed once, for placeholders
+	// Upstream is what the ledger counts: ids, limit and capacity, and
+	// the pooled state (slots, provider capacity, backoff, long-context
+	// slots) the upstream claims in.
+	ledger.Upstream
+
+	model              string
+	idAny, providerAny any // id and provider boxed once, for placeholders
 
 	base       string                 // the provider URL, no trailing slash
 	url        string                 // provider URL + /chat/completions
@@ -59,7 +65,6 @@ type upstream struct {
 	authValue    []string
 	headerValues []headerValue
 
-	limit         int64 // unlimited when none is configured
 	think         transform.ThinkMode
 	firstByte     time.Duration // 0 = disabled
 	streamIdle    time.Duration // 0 = disabled
@@ -69,18 +74,11 @@ type upstream struct {
 	retries       int           // same-upstream retries of a 5xx or connection error
 	retryWait     time.Duration // longest Retry-After waited out in place; 0 = never
 	window        int           // context window in tokens; 0 = unchecked
-	long          *longSlots    // the provider's long-context slots; nil = unbounded
-	longCap       int64         // their number (provider long_context_capacity)
 
-	state   *upstreamState
-	backoff *backoffState // nil when backoff is off
 	// led is the ledger of the handler that compiled the upstream: its
-	// claims, releases, backoff and holds go there (ledger.go).
-	led   ledger
+	// claims, releases, backoff and holds go there (llmroute/ledger).
+	led   ledger.Ledger
 	price prices // for client keys' budgets (budget.go)
-
-	prov     *providerState // the provider's shared capacity accounting
-	capacity int64          // the provider's capacity, unlimited when none
 
 	basePatch *transform.Patch // provider patch then upstream patch
 	probeBody []byte           // the probe request, patches applied
@@ -90,10 +88,23 @@ type upstream struct {
 	prefill   bool // takes an assistant prefill (resume.go)
 }
 
-// cooling returns how long the upstream is still out of rotation.
-func (u *upstream) cooling(now time.Time) time.Duration {
-	return u.state.coolingLeft(u.backoff, now)
+// tryClaim takes a slot on the upstream and a unit of its provider's
+// capacity, both or neither, through its handler's ledger: in this process
+// and, with the redis state, fleet-wide. forQueue tells that the claim is a
+// waiter's turn, whose rollback must not wake the queue (it would hand the
+// same turn out again).
+func (u *upstream) tryClaim(forQueue bool) (int64, bool) {
+	n, ok, wake := u.led.Claim(&u.Upstream)
+	if wake && !forQueue {
+		sched.dispatch() // a waiter that saw our transient slot may take it
+	}
+	return n, ok
 }
+
+// release frees the upstream slot and the provider unit claimed with it
+// through its handler's ledger (fleet-wide first, with the redis state),
+// which then wakes the queue once: a waiter may have been held by either.
+func (u *upstream) release() int64 { return u.led.Release(&u.Upstream) }
 
 // target is one entry of a model's upstream list with the request edit for
 // that (model, upstream) pair precomputed.
@@ -105,7 +116,7 @@ type target struct {
 	counters map[string]prometheus.Counter
 	// long is the provider's long-context slot counter, set in the long
 	// variants of a route (fitRoutes) only: a claim takes one of these too.
-	long *longSlots
+	long *ledger.LongSlots
 	// series are the pair's tokens, TTFT and duration series (usage.go),
 	// bound the same way; bound series also keep a request that ends on a
 	// removed upstream from bringing its pruned series back.
@@ -114,7 +125,7 @@ type target struct {
 
 // ledger returns the ledger the route's upstreams count in (all of one
 // handler, so the first one's); nil for a route without upstreams.
-func (rt *route) ledger() ledger {
+func (rt *route) ledger() ledger.Ledger {
 	if len(rt.targets) == 0 {
 		return nil
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // Response headers the proxy adds (route_headers).
@@ -65,7 +67,7 @@ func (h *Handler) setRouteHeaders(w http.ResponseWriter, t *target, attempts int
 	// shared across requests: Caddy's header handler may replace response
 	// header values in place.
 	vals := new([2]string)
-	vals[0], vals[1] = t.up.id, strconv.Itoa(attempts)
+	vals[0], vals[1] = t.up.ID, strconv.Itoa(attempts)
 	hdr := w.Header()
 	hdr[hdrRouteUpstream] = vals[0:1:1]
 	hdr[hdrRouteAttempts] = vals[1:2:2]
@@ -107,11 +109,11 @@ func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(u.id)
+		b.WriteString(u.ID)
 		b.WriteByte('=')
-		t, left := targetOf(rt, u), u.cooling(now)
-		fleet := u.led.fleetFull(u) // fleetFree unless Redis answers: the local counts are the truth then
-		switch f, failed := failureOf(failures, u.id); {
+		t, left := targetOf(rt, u), u.Cooling(now)
+		fleet := u.led.FleetFull(&u.Upstream) // FleetFree unless Redis answers: the local counts are the truth then
+		switch f, failed := failureOf(failures, u.ID); {
 		case t == nil && rt.budgetOf != nil && targetOf(rt.budgetOf, u) != nil:
 			b.WriteString("budget") // the key's budget has no room for its worst case
 		case t == nil:
@@ -128,18 +130,18 @@ func skippedReasons(rt *route, failures []attemptRecord, now time.Time) string {
 			b.WriteString("cooling ")
 			b.WriteString(strconv.Itoa(int((left + time.Second - 1) / time.Second)))
 			b.WriteByte('s')
-		case t.long != nil && t.long.inflight.Load() >= t.long.limit.Load():
+		case t.long.Full():
 			// The same order as claimFrom: long slot, then the normal one.
 			b.WriteString("long_context ")
-			writeSlots(&b, t.long.inflight.Load(), t.long.limit.Load())
-		case u.state.inflight.Load() < u.limit && (u.providerFull() || fleet == fleetProviderFull && u.prov != nil):
+			writeSlots(&b, t.long.Inflight(), t.long.Limit())
+		case u.State.Inflight() < u.Limit && (u.ProviderFull() || fleet == ledger.FleetProviderFull && u.Prov != nil):
 			b.WriteString("provider_capacity ")
-			writeSlots(&b, u.prov.inflight.Load(), u.prov.capacity.Load())
-			writeFleetFull(&b, fleet == fleetProviderFull && !u.providerFull())
+			writeSlots(&b, u.Prov.Inflight(), u.Prov.Capacity())
+			writeFleetFull(&b, fleet == ledger.FleetProviderFull && !u.ProviderFull())
 		default:
 			b.WriteString("busy ")
-			writeSlots(&b, u.state.inflight.Load(), u.limit)
-			writeFleetFull(&b, fleet == fleetUpstreamFull && u.state.inflight.Load() < u.limit)
+			writeSlots(&b, u.State.Inflight(), u.Limit)
+			writeFleetFull(&b, fleet == ledger.FleetUpstreamFull && u.State.Inflight() < u.Limit)
 		}
 	}
 	return b.String()
@@ -157,7 +159,7 @@ func writeFleetFull(b *strings.Builder, full bool) {
 // writeSlots writes `inflight/limit`, or just inflight without a limit.
 func writeSlots(b *strings.Builder, inflight, limit int64) {
 	b.WriteString(strconv.FormatInt(inflight, 10))
-	if limit != unlimited {
+	if limit != ledger.Unlimited {
 		b.WriteByte('/')
 		b.WriteString(strconv.FormatInt(limit, 10))
 	}

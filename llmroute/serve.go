@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
@@ -201,7 +202,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			}
 			return nil
 		}
-		failures = append(failures, attemptRecord{upstream: t.up.id, result: res.result, status: res.status})
+		failures = append(failures, attemptRecord{upstream: t.up.ID, result: res.result, status: res.status})
 		next, ok := res.next, res.next > 0 // claimed by a context-length failover
 		if !ok {
 			next, ok = h.claimNext(rt, idx)
@@ -229,8 +230,8 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {
-			c.Write(zap.String("model", rt.name), zap.String("from", t.up.id),
-				zap.String("to", rt.targets[next].up.id), zap.String("result", res.result), zap.Int("status", res.status))
+			c.Write(zap.String("model", rt.name), zap.String("from", t.up.ID),
+				zap.String("to", rt.targets[next].up.ID), zap.String("result", res.result), zap.Int("status", res.status))
 		}
 		idx = next
 	}
@@ -338,12 +339,12 @@ func (s slotLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 	for _, t := range s.rt.targets {
 		u := t.up
 		_ = enc.AppendObject(zapcore.ObjectMarshalerFunc(func(o zapcore.ObjectEncoder) error {
-			o.AddString("upstream", u.id)
-			o.AddInt64("inflight", u.state.inflight.Load())
-			if u.limit != unlimited {
-				o.AddInt64("limit", u.limit)
+			o.AddString("upstream", u.ID)
+			o.AddInt64("inflight", u.State.Inflight())
+			if u.Limit != ledger.Unlimited {
+				o.AddInt64("limit", u.Limit)
 			}
-			if left := u.cooling(s.now); left > 0 {
+			if left := u.Cooling(s.now); left > 0 {
 				o.AddDuration("cooling", left)
 			}
 			return nil

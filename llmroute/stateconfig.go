@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
+	"github.com/llm-route/caddy-llm-route/llmroute/redisstate"
 )
 
 // StateConfig selects and configures the state backend.
@@ -101,12 +103,12 @@ func (c StateConfig) resolved(repl *caddy.Replacer) (StateConfig, error) {
 }
 
 // provisionState checks the state config and makes the handler's ledger:
-// memory, or for redis the pooled fleet of the state block, made with its
-// client on first use (no connection yet: Redis down at start-up must not
-// stop Caddy). The ledger wakes the scheduler through the hook it is given
-// and never names it.
+// memory, or for redis one on the pooled fleet of the state block, made
+// with its client on first use (no connection yet: Redis down at start-up
+// must not stop Caddy). The ledger wakes the scheduler through the hook it
+// is given and never names it.
 func (h *Handler) provisionState(repl *caddy.Replacer) error {
-	h.led = newMemoryLedger(sched.dispatch)
+	h.led = ledger.NewMemory(sched.dispatch)
 	if h.State == nil {
 		return nil
 	}
@@ -115,8 +117,13 @@ func (h *Handler) provisionState(repl *caddy.Replacer) error {
 		return err
 	}
 	if c.Backend == "redis" {
-		h.fleet = acquireFleet(c, h.logger)
-		h.led = newRedisLedger(h.fleet, sched.dispatch)
+		h.led = ledger.NewRedis(ledger.RedisOptions{
+			Options: redisstate.Options{
+				Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB, TLS: c.TLS,
+				Prefix: c.Prefix, Timeout: time.Duration(*c.Timeout), LeaseTTL: time.Duration(*c.LeaseTTL),
+			},
+			Reject: c.OnStateError == "reject",
+		}, h.logger, sched.dispatch)
 	}
 	return nil
 }
@@ -125,10 +132,7 @@ func (h *Handler) provisionState(repl *caddy.Replacer) error {
 // fleet back to the pool (Cleanup).
 func (h *Handler) releaseState() {
 	if h.led != nil {
-		h.led.stop()
-	}
-	if h.fleet != nil {
-		_, _ = fleets.Delete(h.fleet.poolKey)
+		h.led.Close()
 	}
 }
 
@@ -139,9 +143,9 @@ func (h *Handler) releaseState() {
 // their own ledgers: a fleet that no handler uses any more is switched off
 // when the last of them is cleaned up (its leases expire within lease_ttl).
 func (h *Handler) startState() {
-	h.led.start(h)
-	if h.fleet != nil {
-		h.logger.Info("shared state", zap.String("backend", "redis"), zap.String("address", h.fleet.address),
-			zap.Duration("lease_ttl", h.fleet.ttl), zap.Bool("reject_on_error", h.fleet.reject))
+	ups := make([]*ledger.Upstream, 0, len(h.table.upstreams))
+	for _, u := range h.table.upstreams {
+		ups = append(ups, &u.Upstream)
 	}
+	h.led.Start(h.logger, ups)
 }

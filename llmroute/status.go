@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 )
 
 // The status snapshot and the explain verdicts are pure reads of the live
@@ -33,7 +35,7 @@ type statusSnapshot struct {
 	// down without trusting the browser's clock.
 	Now time.Time `json:"now"`
 	// State is the state backend in use and its health.
-	State fleetStatus `json:"state"`
+	State ledger.Status `json:"state"`
 }
 
 type upstreamStatus struct {
@@ -112,7 +114,7 @@ func snapshot(now time.Time) statusSnapshot {
 		Upstreams: []upstreamStatus{},
 		Providers: []providerStatus{},
 		Models:    []modelStatus{},
-		Sessions:  sessions.Len(),
+		Sessions:  ledger.Sessions(),
 		Now:       now,
 	}
 	live := liveHandlers()
@@ -131,13 +133,13 @@ func snapshot(now time.Time) statusSnapshot {
 		h := e.h
 		for _, uc := range h.Upstreams { // config order
 			u := h.table.upstreams[uc.ID]
-			if u == nil || seenUp[u.id] {
+			if u == nil || seenUp[u.ID] {
 				continue
 			}
-			seenUp[u.id] = true
-			us := stateStatus(u.state, u.backoff, now)
-			us.Provider, us.Model = u.provider, u.model
-			us.Probes = probes[u.id]
+			seenUp[u.ID] = true
+			us := stateStatus(u.State, u.Backoff, now)
+			us.Provider, us.Model = u.Provider, u.model
+			us.Probes = probes[u.ID]
 			snap.Upstreams = append(snap.Upstreams, us)
 		}
 		for _, p := range h.Providers {
@@ -163,7 +165,7 @@ func snapshot(now time.Time) statusSnapshot {
 				ms.OldestWaitSeconds = math.Round(now.Sub(since).Seconds()*1000) / 1000
 			}
 			for _, t := range rt.targets {
-				ms.Upstreams = append(ms.Upstreams, t.up.id)
+				ms.Upstreams = append(ms.Upstreams, t.up.ID)
 			}
 			snap.Models = append(snap.Models, ms)
 		}
@@ -171,17 +173,15 @@ func snapshot(now time.Time) statusSnapshot {
 
 	// Upstreams a reload removed, still finishing their requests.
 	var gone []upstreamStatus
-	draining.Range(func(k, v any) bool {
-		s := v.(*upstreamState)
-		if seenUp[s.id] || s.inflight.Load() <= 0 {
-			return true // re-adopted by a running config, or drained
+	ledger.EachDraining(func(s *ledger.UpstreamState) {
+		if seenUp[s.ID()] || s.Inflight() <= 0 {
+			return // re-adopted by a running config, or drained
 		}
-		us := stateStatus(s, s.backoff.Load(), now)
-		us.Provider = s.providerID()
-		us.Probes = probes[s.id]
+		us := stateStatus(s, s.Backoff(), now)
+		us.Provider = s.ProviderID()
+		us.Probes = probes[s.ID()]
 		us.Draining = true
 		gone = append(gone, us)
-		return true
 	})
 	snap.Keys = keyStatuses(live, now)
 	slices.SortFunc(gone, func(a, b upstreamStatus) int { return cmp.Compare(a.ID, b.ID) })
@@ -199,7 +199,7 @@ func snapshot(now time.Time) statusSnapshot {
 		snap.Providers[i].Upstreams = append(snap.Providers[i].Upstreams, us.ID)
 	}
 	top := stateLedger(live)
-	snap.State = top.status()
+	snap.State = top.Status()
 	addFleetUse(&snap, live, top)
 	return snap
 }
@@ -207,16 +207,17 @@ func snapshot(now time.Time) statusSnapshot {
 // stateLedger is the ledger whose backend the status names: with several
 // handlers, a redis one if any runs (the newest unhealthy one first, so an
 // outage is never hidden behind a healthy fleet), else memory.
-func stateLedger(live []registryEntry) ledger {
-	var top ledger = &memoryLedger{}
+func stateLedger(live []registryEntry) ledger.Ledger {
+	top := ledger.NewMemory(nil) // asked only for its status and fleet use
 	for _, e := range live {
-		if _, ok := e.h.led.(*redisLedger); !ok {
+		st := e.h.led.Status()
+		if st.Backend != "redis" {
 			continue
 		}
-		if !e.h.led.status().Healthy {
+		if !st.Healthy {
 			return e.h.led
 		}
-		if _, mem := top.(*memoryLedger); mem {
+		if top.Status().Backend == "memory" {
 			top = e.h.led
 		}
 	}
@@ -226,8 +227,8 @@ func stateLedger(live []registryEntry) ledger {
 // addFleetUse fills in the fleet-wide in-flight counts, each upstream and
 // provider from the ledger of the newest handler that uses it (an upstream
 // still draining, from top's): a memory handler's have none.
-func addFleetUse(snap *statusSnapshot, live []registryEntry, top ledger) {
-	upOwner, provOwner := map[string]ledger{}, map[string]ledger{}
+func addFleetUse(snap *statusSnapshot, live []registryEntry, top ledger.Ledger) {
+	upOwner, provOwner := map[string]ledger.Ledger{}, map[string]ledger.Ledger{}
 	for _, e := range live {
 		for id := range e.h.table.upstreams {
 			if _, ok := upOwner[id]; !ok {
@@ -241,9 +242,9 @@ func addFleetUse(snap *statusSnapshot, live []registryEntry, top ledger) {
 		}
 	}
 	type asked struct{ ups, provs []string }
-	var order []ledger
-	byLedger := map[ledger]*asked{}
-	ask := func(l ledger) *asked {
+	var order []ledger.Ledger
+	byLedger := map[ledger.Ledger]*asked{}
+	ask := func(l ledger.Ledger) *asked {
 		if l == nil {
 			l = top
 		}
@@ -266,7 +267,7 @@ func addFleetUse(snap *statusSnapshot, live []registryEntry, top ledger) {
 	upUse, provUse := map[string]int64{}, map[string]int64{}
 	for _, l := range order {
 		a := byLedger[l]
-		ups, provs := l.fleetUse(a.ups, a.provs)
+		ups, provs := l.FleetUse(a.ups, a.provs)
 		if ups == nil {
 			continue
 		}
@@ -291,20 +292,20 @@ func addFleetUse(snap *statusSnapshot, live []registryEntry, top ledger) {
 
 // stateStatus reads one upstream's pooled state; b is its backoff scope
 // (nil = none).
-func stateStatus(s *upstreamState, b *backoffState, now time.Time) upstreamStatus {
+func stateStatus(s *ledger.UpstreamState, b *ledger.Backoff, now time.Time) upstreamStatus {
 	us := upstreamStatus{
-		ID:         s.id,
-		Inflight:   s.inflight.Load(),
-		FailStreak: s.failStreak.Load(),
+		ID:         s.ID(),
+		Inflight:   s.Inflight(),
+		FailStreak: s.FailStreak(),
 	}
-	if l := s.limit.Load(); l != unlimited {
+	if l := s.Limit(); l != ledger.Unlimited {
 		us.Limit = &l
 	}
-	left := s.coolingLeft(b, now)
+	left := s.CoolingLeft(b, now)
 	// The end of any Retry-After hold: the upstream's own, or its scope's.
-	held := time.Unix(0, s.coolUntil.Load())
+	held := s.HeldUntil()
 	if b != nil {
-		hard, last := b.holdAndLastFailure()
+		hard, last := b.HoldAndLastFailure()
 		if hard.After(held) {
 			held = hard
 		}
@@ -312,14 +313,14 @@ func stateStatus(s *upstreamState, b *backoffState, now time.Time) upstreamStatu
 			us.LastFailureAt = &last
 		}
 	}
-	if f := s.lastFailure.Load(); f != nil {
-		us.LastFailure = &f.what
+	if f := s.LastFailure(); f != nil {
+		us.LastFailure = &f.What
 		if us.LastFailureAt == nil {
-			us.LastFailureAt = &f.at
+			us.LastFailureAt = &f.At
 		}
 	}
-	if p := s.lastProbe.Load(); p != nil {
-		us.LastProbe = &probeRecord{Result: p.what, At: p.at}
+	if p := s.LastProbe(); p != nil {
+		us.LastProbe = &probeRecord{Result: p.What, At: p.At}
 	}
 	if left > 0 {
 		us.CoolingSeconds = math.Round(left.Seconds()*1000) / 1000
@@ -331,13 +332,6 @@ func stateStatus(s *upstreamState, b *backoffState, now time.Time) upstreamStatu
 		}
 	}
 	return us
-}
-
-// holdAndLastFailure reads the fields a backoff keeps under its mutex.
-func (b *backoffState) holdAndLastFailure() (hardUntil, lastFailure time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.hardUntil, b.lastFailure
 }
 
 // probeTotals reads the probe counters per upstream. Collect only reads: it
@@ -454,7 +448,7 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 	long := tokens != nil && rt.sizes.threshold > 0 && *tokens > int64(rt.sizes.threshold)
 	for _, i := range rt.order() {
 		u := rt.targets[i].up
-		v := upstreamVerdict{ID: u.id}
+		v := upstreamVerdict{ID: u.ID}
 		if u.apis.canServe(a) {
 			served++
 		}
@@ -467,33 +461,33 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 		if u.apis.canServe(a) {
 			allContext = false
 		}
-		inflight, limit := u.state.inflight.Load(), u.state.limit.Load()
-		switch left := u.cooling(now); {
+		inflight, limit := u.State.Inflight(), u.State.Limit()
+		switch left := u.Cooling(now); {
 		case !u.apis.canServe(a):
 			v.Verdict = verdictAPI
 			v.Detail = "does not serve " + a.String()
 		case left > 0:
-			st := stateStatus(u.state, u.backoff, now)
+			st := stateStatus(u.State, u.Backoff, now)
 			v.Verdict = verdictCooling
 			v.Detail = "cooling " + strconv.Itoa(int(math.Ceil(left.Seconds()))) + "s (" + *st.CoolingReason + ")"
 		case inflight >= limit:
 			allCooling = false
 			v.Verdict = verdictBusy
 			v.Detail = "busy " + slots(inflight, limit)
-		case long && u.long != nil && u.long.inflight.Load() >= u.long.limit.Load():
+		case long && u.Long.Full():
 			allCooling = false
 			v.Verdict, v.Reason = verdictCapacity, reasonLongContext
-			v.Detail = "long-context slots of provider " + u.provider + " full, " +
-				slots(u.long.inflight.Load(), u.long.limit.Load())
-		case u.providerFull():
+			v.Detail = "long-context slots of provider " + u.Provider + " full, " +
+				slots(u.Long.Inflight(), u.Long.Limit())
+		case u.ProviderFull():
 			allCooling = false
 			v.Verdict, v.Reason = verdictCapacity, reasonProviderCap
-			v.Detail = "provider " + u.provider + " at capacity " + slots(u.prov.inflight.Load(), u.capacity)
+			v.Detail = "provider " + u.Provider + " at capacity " + slots(u.Prov.Inflight(), u.Capacity)
 		default:
 			allCooling = false
 			v.Verdict = verdictAvailable
 			if ex.Choice == nil {
-				id := u.id
+				id := u.ID
 				ex.Choice = &id
 				v.Detail = "would take it, " + slots(inflight, limit)
 				if !u.apis.has(a) {
@@ -532,7 +526,7 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 // slots renders "in use/limit" ("3/∞" when unlimited).
 func slots(inflight, limit int64) string {
 	l := "∞"
-	if limit != unlimited {
+	if limit != ledger.Unlimited {
 		l = strconv.FormatInt(limit, 10)
 	}
 	return strconv.FormatInt(inflight, 10) + "/" + l + " slots in use"

@@ -22,8 +22,8 @@ func annotateSpan(r *http.Request, rt *route, t *target, res attemptResult, atte
 	span.SetAttributes(
 		attribute.String("gen_ai.request.model", rt.name),
 		attribute.String("gen_ai.response.model", u.model),
-		attribute.String("gen_ai.provider.name", u.provider),
-		attribute.String("llm_route.upstream", u.id),
+		attribute.String("gen_ai.provider.name", u.Provider),
+		attribute.String("llm_route.upstream", u.ID),
 		attribute.Int("llm_route.attempts", attempts),
 	)
 	if res.usage.Seen {

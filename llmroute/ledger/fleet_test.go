@@ -1,4 +1,4 @@
-package llmroute
+package ledger
 
 import (
 	"context"
@@ -11,17 +11,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
+	"github.com/llm-route/caddy-llm-route/llmroute/redisstate"
 )
 
 // testState is a resolved redis state block; nothing listens on its
 // address, and nothing here needs it to (the client connects lazily).
-func testState(prefix, password string) StateConfig {
-	c, err := StateConfig{Backend: "redis", Address: "127.0.0.1:1", Prefix: prefix, Password: password,
-		Timeout: new(Duration(20 * time.Millisecond))}.resolved(nil)
-	if err != nil {
-		panic(err)
-	}
-	return c
+func testState(prefix, password string) RedisOptions {
+	return RedisOptions{Options: redisstate.Options{Address: "127.0.0.1:1", Prefix: prefix, Password: password,
+		Timeout: 20 * time.Millisecond, LeaseTTL: 30 * time.Second}}
 }
 
 // closed reports whether f's client has been closed (a call on it fails
@@ -122,5 +119,60 @@ func TestFleetKeysRoomFallsBack(t *testing.T) {
 	}
 	if u := fk.local.Usage("k", now); u.ReservedToken != 80 {
 		t.Fatalf("reserved %d after the checks, want the one reservation of 80", u.ReservedToken)
+	}
+}
+
+// The redis ledger's pin: a waiter's turn takes a use of the fleet and the
+// read side of the renewal's lock with its local claim, and gives both back
+// when its shared part is finished (or the pin is undone). While a renewal
+// holds the write side, Pin defers the turn without blocking and holds
+// nothing. Redis is away here (local accounting), so no call is made.
+func TestRedisPinDeferredByRenewal(t *testing.T) {
+	l := NewRedis(testState("pin:", ""), zap.NewNop(), func() {}).(*redisLedger)
+	defer l.Close()
+	f := l.f
+	u := &Upstream{ID: "pin-u", Provider: "p", Limit: 1, Capacity: Unlimited, State: NewUpstreamState("pin-u", 1)}
+
+	f.mu.Lock() // a renewal reads the counts
+	if pinned, ok := l.Pin(); pinned || ok {
+		t.Fatalf("pin during a renewal: pinned %v ok %v, want a deferred turn", pinned, ok)
+	}
+	if n := f.users.Load(); n != 1 {
+		t.Fatalf("fleet users = %d after a deferred turn, want 1", n)
+	}
+	f.mu.Unlock()
+
+	pinned, ok := l.Pin()
+	if !pinned || !ok {
+		t.Fatalf("pin after the renewal: pinned %v ok %v", pinned, ok)
+	}
+	if _, ok, _ := u.ClaimLocal(); !ok {
+		t.Fatal("local claim under the pin failed")
+	}
+	if !l.Finish(u) {
+		t.Fatal("finish refused with Redis away under on_state_error local")
+	}
+	if f.mu.TryLock() {
+		f.mu.Unlock()
+	} else {
+		t.Fatal("a finished turn kept the renewal's read lock")
+	}
+	if n := f.users.Load(); n != 1 {
+		t.Fatalf("fleet users = %d after the turn was finished, want 1", n)
+	}
+	if n := l.Release(u); n != 0 {
+		t.Fatalf("in flight %d after the release", n)
+	}
+
+	if pinned, _ := l.Pin(); !pinned {
+		t.Fatal("second pin failed")
+	}
+	l.Unpin() // the waiter left
+	if !f.mu.TryLock() {
+		t.Fatal("an undone pin kept the renewal's read lock")
+	}
+	f.mu.Unlock()
+	if n := f.users.Load(); n != 1 {
+		t.Fatalf("fleet users = %d after an undone pin, want 1", n)
 	}
 }

@@ -1,4 +1,4 @@
-package llmroute
+package ledger
 
 import (
 	"context"
@@ -39,7 +39,7 @@ type sessionRegistry struct {
 
 // shared returns the session id of a final outgoing body from the
 // registry in f's Redis, and records its history, as
-// transform.Sessions.ID does (the redis ledger's sessionID; the memory
+// transform.Sessions.ID does (the redis ledger's SessionID; the memory
 // ledger asks r.local alone).
 func (r *sessionRegistry) shared(f *fleet, body []byte) string {
 	if !f.healthy.Load() || !f.use() {
@@ -70,5 +70,16 @@ func (r *sessionRegistry) shared(f *fleet, body []byte) string {
 	return id
 }
 
-// Len returns the number of sessions in this process's registry.
-func (r *sessionRegistry) Len() int { return r.local.Len() }
+// Sessions returns the number of sessions in this process's registry.
+func Sessions() int { return sessions.local.Len() }
+
+// validHeaderValue reports whether s can be sent as a header value: no
+// control character but tab.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,4 +1,4 @@
-package llmroute
+package ledger
 
 import (
 	"context"
@@ -24,6 +24,17 @@ type fleetKeys struct {
 }
 
 var _ keys.Store = (*fleetKeys)(nil)
+
+// localKeys is this process's key store: the memory ledger's, and the
+// fallback and local mirror of the redis ones. It is process-wide so that
+// a reload keeps every key's accounts (keys.Memory counts the configs
+// that hold each).
+var localKeys = keys.NewMemory()
+
+// LocalKeys returns this process's key store, for what only it does:
+// holding the accounts of a config's keys (Acquire, Release) and saving
+// and restoring their usage.
+func LocalKeys() *keys.Memory { return localKeys }
 
 // begin holds the fleet's client open for one key request, from its
 // admission to its end (the returned func, nil when the client is closed

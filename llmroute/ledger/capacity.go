@@ -1,4 +1,4 @@
-package llmroute
+package ledger
 
 import (
 	"sync"
@@ -14,17 +14,27 @@ import (
 // reload keeps it exact: an upstream renamed on the same provider still
 // counts against it, because the count lives with the provider and not with
 // the upstream.
-var providerPool = caddy.NewUsagePool() // provider id → *providerState
+var providerPool = caddy.NewUsagePool() // provider id → *ProviderState
 
-// providerState is the live accounting of one provider id.
-type providerState struct {
+// ProviderState is the live accounting of one provider id.
+type ProviderState struct {
 	id       string
 	inflight atomic.Int64
-	capacity atomic.Int64 // unlimited when none is configured
+	capacity atomic.Int64 // Unlimited when none is configured
 }
 
+// Inflight returns the requests in flight on all the provider's upstreams
+// in this process.
+func (p *ProviderState) Inflight() int64 { return p.inflight.Load() }
+
+// Capacity returns the capacity in force (Unlimited when none).
+func (p *ProviderState) Capacity() int64 { return p.capacity.Load() }
+
+// SetCapacity sets the capacity of a state no other config uses yet.
+func (p *ProviderState) SetCapacity(n int64) { p.capacity.Store(n) }
+
 // tryClaim takes one unit of the provider's capacity if there is room.
-func (p *providerState) tryClaim() bool {
+func (p *ProviderState) tryClaim() bool {
 	for {
 		cur := p.inflight.Load()
 		if cur >= p.capacity.Load() {
@@ -37,7 +47,7 @@ func (p *providerState) tryClaim() bool {
 }
 
 // release gives one unit back. The caller wakes the queue.
-func (p *providerState) release() {
+func (p *ProviderState) release() {
 	if p.inflight.Add(-1) == 0 {
 		providerDraining.CompareAndDelete(p.id, p)
 	}
@@ -45,8 +55,8 @@ func (p *providerState) release() {
 
 // Destruct parks the state while requests of a removed provider still run,
 // so that a config re-adding the id meanwhile counts them (see
-// upstreamState.Destruct).
-func (p *providerState) Destruct() error {
+// UpstreamState.Destruct).
+func (p *ProviderState) Destruct() error {
 	providerDraining.Store(p.id, p)
 	if p.inflight.Load() <= 0 {
 		providerDraining.CompareAndDelete(p.id, p)
@@ -57,83 +67,65 @@ func (p *providerState) Destruct() error {
 // providerDraining holds destroyed provider states with requests in flight.
 var providerDraining sync.Map
 
-// adoptProvider returns the shared state of provider id and records the
+// AdoptProvider returns the shared state of provider id and records the
 // reference. fresh reports that no other config holds it.
-func (p *poolRefs) adoptProvider(id string) (st *providerState, fresh bool) {
-	candidate := &providerState{id: id}
-	candidate.capacity.Store(unlimited)
+func (p *PoolRefs) AdoptProvider(id string) (st *ProviderState, fresh bool) {
+	candidate := &ProviderState{id: id}
+	candidate.capacity.Store(Unlimited)
 	if old, ok := providerDraining.Load(id); ok {
-		candidate = old.(*providerState)
+		candidate = old.(*ProviderState)
 	}
 	v, loaded := providerPool.LoadOrStore(id, candidate)
 	p.providers = append(p.providers, id)
-	return v.(*providerState), !loaded
+	return v.(*ProviderState), !loaded
 }
 
-// tryClaim takes a slot on the upstream and a unit of its provider's
-// capacity, both or neither, through its handler's ledger: in this process
-// and, with the redis state, fleet-wide. forQueue tells that the claim is a
-// waiter's turn, whose rollback must not wake the queue (it would hand the
-// same turn out again).
-func (u *upstream) tryClaim(forQueue bool) (int64, bool) {
-	n, ok, wake := u.led.claim(u)
-	if wake && !forQueue {
-		sched.dispatch() // a waiter that saw our transient slot may take it
-	}
-	return n, ok
-}
-
-// claimLocal claims in this process: the upstream slot first, rolled back
+// ClaimLocal claims in this process: the upstream slot first, rolled back
 // if the provider is full. Every provider is counted, with a capacity or
 // not (one more atomic add), so that setting a capacity by a reload counts
 // the requests already running. A rollback can make a concurrent claim see
 // the upstream full for an instant; rolledBack tells the caller to wake the
 // queue, where such a claimer ends up (the admission fast path falls back
 // to it).
-func (u *upstream) claimLocal() (n int64, ok, rolledBack bool) {
-	n, ok = u.state.tryClaim()
-	if !ok || u.prov == nil { // nil: an upstream built by hand in a unit test
+func (u *Upstream) ClaimLocal() (n int64, ok, rolledBack bool) {
+	n, ok = u.State.tryClaim()
+	if !ok || u.Prov == nil { // nil: an upstream built by hand in a unit test
 		return n, ok, false
 	}
-	if u.prov.tryClaim() {
+	if u.Prov.tryClaim() {
 		return n, true, false
 	}
-	u.state.unclaim()
+	u.State.unclaim()
 	return n - 1, false, true
 }
 
-// unclaimLocal undoes claimLocal without waking the queue (the caller does).
-func (u *upstream) unclaimLocal() {
-	if u.prov != nil {
-		u.prov.release()
+// UnclaimLocal undoes ClaimLocal without waking the queue (the caller does).
+func (u *Upstream) UnclaimLocal() {
+	if u.Prov != nil {
+		u.Prov.release()
 	}
-	u.state.unclaim()
+	u.State.unclaim()
 }
 
 // unclaim undoes a tryClaim whose request never started.
-func (s *upstreamState) unclaim() {
+func (s *UpstreamState) unclaim() {
 	if s.inflight.Add(-1) == 0 {
 		draining.CompareAndDelete(s.id, s)
 	}
 }
 
-// release frees the upstream slot and the provider unit claimed with it
-// through its handler's ledger (fleet-wide first, with the redis state),
-// which then wakes the queue once: a waiter may have been held by either.
-func (u *upstream) release() int64 { return u.led.release(u) }
-
-// releaseLocal frees the slot and the provider unit in this process; the
+// ReleaseLocal frees the slot and the provider unit in this process; the
 // ledger wakes the queue.
-func (u *upstream) releaseLocal() int64 {
-	if u.prov != nil {
-		u.prov.release()
+func (u *Upstream) ReleaseLocal() int64 {
+	if u.Prov != nil {
+		u.Prov.release()
 	}
-	return u.state.release()
+	return u.State.release()
 }
 
-// providerFull reports whether the upstream's provider has no capacity left.
-func (u *upstream) providerFull() bool {
-	return u.prov != nil && u.prov.inflight.Load() >= u.prov.capacity.Load()
+// ProviderFull reports whether the upstream's provider has no capacity left.
+func (u *Upstream) ProviderFull() bool {
+	return u.Prov != nil && u.Prov.inflight.Load() >= u.Prov.capacity.Load()
 }
 
 var (
@@ -142,6 +134,12 @@ var (
 	providerCapacityDesc = prometheus.NewDesc("llm_proxy_provider_capacity",
 		"The provider's capacity: its in-flight bound over all its upstreams (only providers that set one).", []string{"provider"}, nil)
 )
+
+// Collectors are the package's metrics, for each config's registry: the
+// provider gauges and the count of failed calls to Redis.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{providerCollector{}, stateErrors}
+}
 
 // providerCollector reports the provider gauges from the pooled state at
 // scrape time: in-flight for every provider, capacity for those that set
@@ -155,16 +153,16 @@ func (providerCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (providerCollector) Collect(ch chan<- prometheus.Metric) {
 	seen := make(map[string]bool)
-	report := func(p *providerState) {
+	report := func(p *ProviderState) {
 		if seen[p.id] {
 			return
 		}
 		seen[p.id] = true
 		ch <- prometheus.MustNewConstMetric(providerInflightDesc, prometheus.GaugeValue, float64(p.inflight.Load()), p.id)
-		if c := p.capacity.Load(); c != unlimited {
+		if c := p.capacity.Load(); c != Unlimited {
 			ch <- prometheus.MustNewConstMetric(providerCapacityDesc, prometheus.GaugeValue, float64(c), p.id)
 		}
 	}
-	providerPool.Range(func(_, v any) bool { report(v.(*providerState)); return true })
-	providerDraining.Range(func(_, v any) bool { report(v.(*providerState)); return true })
+	providerPool.Range(func(_, v any) bool { report(v.(*ProviderState)); return true })
+	providerDraining.Range(func(_, v any) bool { report(v.(*ProviderState)); return true })
 }

@@ -1,4 +1,4 @@
-package llmroute
+package ledger
 
 import (
 	"context"
@@ -104,37 +104,42 @@ type fleet struct {
 	listenDone   chan struct{}
 }
 
+// RedisOptions is a resolved redis state block: the connection, the
+// lease TTL, and what happens while Redis does not answer.
+type RedisOptions struct {
+	redisstate.Options
+	// Reject refuses requests while Redis is unreachable (on_state_error
+	// reject); false falls back to this process's accounting.
+	Reject bool
+}
+
 // fleetPoolKey names a state block by everything a fleet is built from,
 // the password only as a hash: a reload that changes any of it (the
 // timeout or on_state_error too) gets a fleet of its own.
-func fleetPoolKey(c StateConfig) string {
-	pw := sha256.Sum256([]byte(c.Password))
-	return strings.Join([]string{"redis", c.Address, c.Username, hex.EncodeToString(pw[:]), strconv.Itoa(c.DB),
-		c.Prefix, strconv.FormatBool(c.TLS), c.Timeout.String(), c.LeaseTTL.String(), c.OnStateError}, "\x00")
+func fleetPoolKey(o RedisOptions) string {
+	pw := sha256.Sum256([]byte(o.Password))
+	return strings.Join([]string{"redis", o.Address, o.Username, hex.EncodeToString(pw[:]), strconv.Itoa(o.DB),
+		o.Prefix, strconv.FormatBool(o.TLS), o.Timeout.String(), o.LeaseTTL.String(), strconv.FormatBool(o.Reject)}, "\x00")
 }
 
-// acquireFleet returns the pooled fleet of the resolved state block c,
+// acquireFleet returns the pooled fleet of the resolved state block o,
 // made on first use. The caller gives it back with fleets.Delete(f.poolKey).
-func acquireFleet(c StateConfig, logger *zap.Logger) *fleet {
-	key := fleetPoolKey(c)
+func acquireFleet(o RedisOptions, logger *zap.Logger) *fleet {
+	key := fleetPoolKey(o)
 	v, _, _ := fleets.LoadOrNew(key, func() (caddy.Destructor, error) {
-		f := newFleet(c, logger)
+		f := newFleet(o, logger)
 		f.poolKey = key
 		return f, nil
 	})
 	return v.(*fleet)
 }
 
-func newFleet(c StateConfig, logger *zap.Logger) *fleet {
-	ttl := time.Duration(*c.LeaseTTL)
+func newFleet(o RedisOptions, logger *zap.Logger) *fleet {
 	f := &fleet{
-		store: redisstate.Open(redisstate.Options{
-			Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB, TLS: c.TLS,
-			Prefix: c.Prefix, Timeout: time.Duration(*c.Timeout), LeaseTTL: ttl,
-		}, instanceID),
-		reject:  c.OnStateError == "reject",
-		address: c.Address,
-		ttl:     ttl,
+		store:   redisstate.Open(o.Options, instanceID),
+		reject:  o.Reject,
+		address: o.Address,
+		ttl:     o.LeaseTTL,
 		recheck: make(chan struct{}, 1),
 	}
 	f.logger.Store(logger)
@@ -381,12 +386,12 @@ func (f *fleet) onEvent(ev redisstate.Event) {
 // tryClaim claims locally, then fleet-wide. dispatch tells the caller to
 // wake the queue once it no longer holds the read lock (a rollback freed a
 // slot a waiter may have seen taken).
-func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
+func (f *fleet) tryClaim(u *Upstream) (n int64, ok, dispatch bool) {
 	if !f.use() {
-		return u.claimLocal() // a reload has just switched this fleet off
+		return u.ClaimLocal() // a reload has just switched this fleet off
 	}
 	f.mu.RLock()
-	n, ok, dispatch = u.claimLocal()
+	n, ok, dispatch = u.ClaimLocal()
 	if !ok {
 		f.mu.RUnlock()
 		f.done()
@@ -398,58 +403,51 @@ func (f *fleet) tryClaim(u *upstream) (n int64, ok, dispatch bool) {
 	return n - 1, false, true
 }
 
-// claimShared claims fleet-wide what u.claimLocal has claimed in this
+// claimShared claims fleet-wide what u.ClaimLocal has claimed in this
 // process, and rolls the local claim back if the fleet is full (or Redis
 // does not answer and on_state_error is reject). The caller holds a use of
 // f and f.mu's read lock, taken before the local claim; claimShared gives
 // both back. It makes the Redis call, so it never runs under the
-// scheduler's lock (see grant).
-func (f *fleet) claimShared(u *upstream) bool {
+// scheduler's lock (Ledger.Pin, Ledger.Finish).
+func (f *fleet) claimShared(u *Upstream) bool {
 	defer f.done()
 	defer f.mu.RUnlock()
 	if !f.healthy.Load() {
 		if f.reject {
-			u.unclaimLocal()
+			u.UnclaimLocal()
 			return false
 		}
 		return true
 	}
-	v, err := f.store.Claim(context.Background(), u.id, u.provider, fleetLimit(u.limit), fleetLimit(u.capacity))
+	v, err := f.store.Claim(context.Background(), u.ID, u.Provider, fleetLimit(u.Limit), fleetLimit(u.Capacity))
 	switch {
 	case err != nil:
 		f.failed(err)
 		if f.reject {
-			u.unclaimLocal()
+			u.UnclaimLocal()
 			return false
 		}
 		return true
 	case v != redisstate.Claimed:
-		u.unclaimLocal()
-		full := fleetUpstreamFull
+		u.UnclaimLocal()
+		full := FleetUpstreamFull
 		if v == redisstate.ProviderFull {
-			full = fleetProviderFull
+			full = FleetProviderFull
 		}
-		u.state.fleetFull.Store(full)
+		u.State.fleetFull.Store(full)
 		return false
 	}
-	if u.state.fleetFull.Load() != fleetFree { // a load, not a store, on the hot path
-		u.state.fleetFull.Store(fleetFree)
+	if u.State.fleetFull.Load() != FleetFree { // a load, not a store, on the hot path
+		u.State.fleetFull.Store(FleetFree)
 	}
 	return true
 }
-
-// upstreamState.fleetFull values.
-const (
-	fleetFree int32 = iota
-	fleetUpstreamFull
-	fleetProviderFull
-)
 
 // release queues the slot's release in Redis without waiting for it, then
 // the caller releases locally (which wakes the queue). The request does not
 // wait for Redis; the release is queued after its claim's reply, so it
 // cannot overtake it, and a failure is handled as on the claim's path.
-func (f *fleet) release(u *upstream) {
+func (f *fleet) release(u *Upstream) {
 	if !f.use() {
 		return
 	}
@@ -459,12 +457,12 @@ func (f *fleet) release(u *upstream) {
 	if !f.healthy.Load() {
 		return // the next renewal writes the true count
 	}
-	f.store.ReleaseLater(u.id, u.provider, f.failed)
+	f.store.ReleaseLater(u.ID, u.Provider, f.failed)
 }
 
-// fleetLimit maps the unlimited sentinel to the scripts' "none".
+// fleetLimit maps the Unlimited sentinel to the scripts' "none".
 func fleetLimit(n int64) int64 {
-	if n == unlimited {
+	if n == Unlimited {
 		return -1
 	}
 	return n
@@ -512,18 +510,9 @@ func (f *fleet) shareSuccess(scope string) {
 	}()
 }
 
-// fleetStatus is the state part of GET /llm_route/status.
-type fleetStatus struct {
-	Backend string `json:"backend"`
-	// Healthy is false while Redis is unreachable (always true for memory).
-	Healthy bool `json:"healthy"`
-	// Fallback names the mode while unhealthy: local or reject.
-	Fallback string `json:"fallback,omitempty"`
-}
-
-// status is the fleet's part of the status (redisLedger.status).
-func (f *fleet) status() fleetStatus {
-	st := fleetStatus{Backend: "redis", Healthy: f.healthy.Load()}
+// status is the fleet's part of the status (redisLedger.Status).
+func (f *fleet) status() Status {
+	st := Status{Backend: "redis", Healthy: f.healthy.Load()}
 	if !st.Healthy {
 		st.Fallback = "local"
 		if f.reject {
@@ -557,30 +546,30 @@ func (f *fleet) used(upstreams, providers []string) (map[string]int64, map[strin
 // drops it leaves no lease behind too early.
 type fleetScopes struct {
 	mu         sync.Mutex
-	ups        map[*upstreamState]int // by the number of registrations holding it
-	provs      map[*providerState]int
-	backoffs   map[*backoffState]int
-	drainUps   map[*upstreamState]bool
-	drainProvs map[*providerState]bool
+	ups        map[*UpstreamState]int // by the number of registrations holding it
+	provs      map[*ProviderState]int
+	backoffs   map[*Backoff]int
+	drainUps   map[*UpstreamState]bool
+	drainProvs map[*ProviderState]bool
 }
 
 // fleetRegistration is what one handler registered in its fleet.
 type fleetRegistration struct {
-	ups      []*upstreamState
-	provs    []*providerState
-	backoffs []*backoffState
+	ups      []*UpstreamState
+	provs    []*ProviderState
+	backoffs []*Backoff
 }
 
 // add records u's states, each once.
-func (r *fleetRegistration) add(u *upstream) {
-	if !slices.Contains(r.ups, u.state) {
-		r.ups = append(r.ups, u.state)
+func (r *fleetRegistration) add(u *Upstream) {
+	if !slices.Contains(r.ups, u.State) {
+		r.ups = append(r.ups, u.State)
 	}
-	if u.prov != nil && !slices.Contains(r.provs, u.prov) {
-		r.provs = append(r.provs, u.prov)
+	if u.Prov != nil && !slices.Contains(r.provs, u.Prov) {
+		r.provs = append(r.provs, u.Prov)
 	}
-	if u.backoff != nil && !slices.Contains(r.backoffs, u.backoff) {
-		r.backoffs = append(r.backoffs, u.backoff)
+	if u.Backoff != nil && !slices.Contains(r.backoffs, u.Backoff) {
+		r.backoffs = append(r.backoffs, u.Backoff)
 	}
 }
 
@@ -591,8 +580,8 @@ func (c *fleetScopes) apply(r *fleetRegistration, d int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ups == nil {
-		c.ups, c.provs, c.backoffs = map[*upstreamState]int{}, map[*providerState]int{}, map[*backoffState]int{}
-		c.drainUps, c.drainProvs = map[*upstreamState]bool{}, map[*providerState]bool{}
+		c.ups, c.provs, c.backoffs = map[*UpstreamState]int{}, map[*ProviderState]int{}, map[*Backoff]int{}
+		c.drainUps, c.drainProvs = map[*UpstreamState]bool{}, map[*ProviderState]bool{}
 	}
 	for _, s := range r.ups {
 		if c.ups[s] += d; c.ups[s] <= 0 {
@@ -649,14 +638,14 @@ func (c *fleetScopes) counts() (ups, provs map[string]int64) {
 
 // cooling lists the backoff scopes and the upstreams (their Retry-After
 // holds) whose coolings the poll reads.
-func (c *fleetScopes) cooling() ([]*backoffState, []*upstreamState) {
+func (c *fleetScopes) cooling() ([]*Backoff, []*UpstreamState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	bs := make([]*backoffState, 0, len(c.backoffs))
+	bs := make([]*Backoff, 0, len(c.backoffs))
 	for b := range c.backoffs {
 		bs = append(bs, b)
 	}
-	us := make([]*upstreamState, 0, len(c.ups))
+	us := make([]*UpstreamState, 0, len(c.ups))
 	for s := range c.ups {
 		us = append(us, s)
 	}
@@ -664,7 +653,7 @@ func (c *fleetScopes) cooling() ([]*backoffState, []*upstreamState) {
 }
 
 // upstream returns the registered upstream state of id, if any.
-func (c *fleetScopes) upstream(id string) *upstreamState {
+func (c *fleetScopes) upstream(id string) *UpstreamState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for s := range c.ups {
@@ -676,7 +665,7 @@ func (c *fleetScopes) upstream(id string) *upstreamState {
 }
 
 // backoff returns the registered backoff scope named scope, if any.
-func (c *fleetScopes) backoff(scope string) *backoffState {
+func (c *fleetScopes) backoff(scope string) *Backoff {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for b := range c.backoffs {

@@ -1,4 +1,4 @@
-package llmroute
+package ledger
 
 import (
 	"sync"
@@ -19,7 +19,7 @@ func TestBackoffDoublesUpToCapAndResets(t *testing.T) {
 		{1500 * time.Millisecond, []time.Duration{1000, 1500, 1500}},
 		{time.Minute, []time.Duration{1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000}},
 	} {
-		b := &backoffState{}
+		b := &Backoff{}
 		b.setCap(tc.cap)
 		now := t0
 		for i, w := range tc.want {
@@ -46,7 +46,7 @@ func TestBackoffDoublesUpToCapAndResets(t *testing.T) {
 }
 
 func TestBackoffSuccessEndsCoolingEarly(t *testing.T) {
-	b := &backoffState{}
+	b := &Backoff{}
 	b.setCap(time.Minute)
 	for i := 0; i < 4; i++ {
 		b.recordFailure(t0) // concurrent failures: 1, 2, 4, 8 s from t0
@@ -61,14 +61,14 @@ func TestBackoffSuccessEndsCoolingEarly(t *testing.T) {
 }
 
 func TestRetryAfterHoldSurvivesSuccess(t *testing.T) {
-	b := &backoffState{}
+	b := &Backoff{}
 	b.setCap(time.Minute)
 	b.holdFor(t0, 5*time.Second)
 	b.recordFailure(t0)
 	if left := b.remaining(t0); left != 5*time.Second {
 		t.Fatalf("remaining %v, want the 5s hold", left)
 	}
-	if b.probeDue(t0.Add(2*time.Second), time.Second) {
+	if b.ProbeDue(t0.Add(2*time.Second), time.Second) {
 		t.Error("a probe is due while a Retry-After hold lasts")
 	}
 	b.recordSuccess(t0.Add(time.Second))
@@ -82,28 +82,28 @@ func TestRetryAfterHoldSurvivesSuccess(t *testing.T) {
 }
 
 func TestProbeDue(t *testing.T) {
-	b := &backoffState{}
+	b := &Backoff{}
 	b.setCap(time.Minute)
-	if b.probeDue(t0, time.Second) {
+	if b.ProbeDue(t0, time.Second) {
 		t.Fatal("probe due while not cooling")
 	}
 	for i := 0; i < 3; i++ {
 		b.recordFailure(t0) // cooling 4 s
 	}
-	if b.probeDue(t0.Add(999*time.Millisecond), time.Second) {
+	if b.ProbeDue(t0.Add(999*time.Millisecond), time.Second) {
 		t.Error("probe due before a full interval after the failure")
 	}
-	if !b.probeDue(t0.Add(time.Second), time.Second) {
+	if !b.ProbeDue(t0.Add(time.Second), time.Second) {
 		t.Error("probe not due one interval after the failure")
 	}
-	if b.probeDue(t0.Add(4*time.Second), time.Second) {
+	if b.ProbeDue(t0.Add(4*time.Second), time.Second) {
 		t.Error("probe due after the cooling ended")
 	}
 }
 
 func TestTryClaimNeverExceedsLimit(t *testing.T) {
 	const limit, workers, rounds = 3, 16, 2000
-	s := &upstreamState{id: "state-test-claim"}
+	s := &UpstreamState{id: "state-test-claim"}
 	s.limit.Store(limit)
 	var inside, peak, claimed atomic.Int64
 	var wg sync.WaitGroup
@@ -145,7 +145,7 @@ func TestTryClaimNeverExceedsLimit(t *testing.T) {
 }
 
 func TestLimitChangeAppliesToHeldSlots(t *testing.T) {
-	s := &upstreamState{id: "state-test-limit"}
+	s := &UpstreamState{id: "state-test-limit"}
 	s.limit.Store(2)
 	for i := 0; i < 2; i++ {
 		if _, ok := s.tryClaim(); !ok {
@@ -164,7 +164,7 @@ func TestLimitChangeAppliesToHeldSlots(t *testing.T) {
 	if n, ok := s.tryClaim(); !ok || n != 1 {
 		t.Fatalf("claim after both released: %d %v", n, ok)
 	}
-	s.limit.Store(unlimited)
+	s.limit.Store(Unlimited)
 	for i := 0; i < 100; i++ {
 		if _, ok := s.tryClaim(); !ok {
 			t.Fatal("unlimited upstream refused a claim")
@@ -177,17 +177,17 @@ func TestLimitChangeAppliesToHeldSlots(t *testing.T) {
 // config is freed in the counter the new one uses.
 func TestPoolStateOutlivesOneInstance(t *testing.T) {
 	const id = "state-test-pool"
-	var oldRefs, newRefs poolRefs
-	oldState, _ := oldRefs.adoptUpstream(id)
+	var oldRefs, newRefs PoolRefs
+	oldState, _ := oldRefs.AdoptUpstream(id)
 	oldState.limit.Store(1)
 	if _, ok := oldState.tryClaim(); !ok {
 		t.Fatal("claim failed")
 	}
-	newState, fresh := newRefs.adoptUpstream(id)
+	newState, fresh := newRefs.AdoptUpstream(id)
 	if fresh || newState != oldState {
 		t.Fatal("the new config got a different state for the same upstream id")
 	}
-	oldRefs.release()
+	oldRefs.Release()
 	if _, ok := newState.tryClaim(); ok {
 		t.Fatal("the new config does not see the old config's slot")
 	}
@@ -196,34 +196,34 @@ func TestPoolStateOutlivesOneInstance(t *testing.T) {
 		t.Fatal("the slot freed by the old request is not free in the new config")
 	}
 	newState.release()
-	newRefs.release()
+	newRefs.Release()
 	if _, ok := upstreamPool.References(id); ok {
 		t.Error("the state outlived every config that used it")
 	}
 
-	var again poolRefs
-	st, fresh := again.adoptUpstream(id)
+	var again PoolRefs
+	st, fresh := again.AdoptUpstream(id)
 	if !fresh || st == oldState {
 		t.Error("a new config after every user went did not get fresh state")
 	}
-	again.release()
+	again.Release()
 }
 
 func TestBackoffPoolShared(t *testing.T) {
-	var a, b poolRefs
-	key := backoffKey("provider", "state-test-provider")
-	ba := a.adoptBackoff(key)
-	bb := b.adoptBackoff(key)
+	var a, b PoolRefs
+	key := BackoffKey("provider", "state-test-provider")
+	ba := a.AdoptBackoff(key)
+	bb := b.AdoptBackoff(key)
 	if ba != bb {
 		t.Fatal("two configs got different backoff states for one provider")
 	}
 	ba.setCap(time.Minute)
 	ba.recordFailure(time.Now())
-	a.release()
+	a.Release()
 	if bb.remaining(time.Now()) <= 0 {
 		t.Error("cooling lost when the old config released the state")
 	}
-	b.release()
+	b.Release()
 }
 
 // TestRemovedUpstreamKeepsCountingItsRequests: a config drops an upstream
@@ -231,16 +231,16 @@ func TestBackoffPoolShared(t *testing.T) {
 // running request still holds its slot in the re-added upstream.
 func TestRemovedUpstreamKeepsCountingItsRequests(t *testing.T) {
 	const id = "state-test-removed"
-	var first poolRefs
-	st, _ := first.adoptUpstream(id)
+	var first PoolRefs
+	st, _ := first.AdoptUpstream(id)
 	st.limit.Store(1)
 	if _, ok := st.tryClaim(); !ok {
 		t.Fatal("claim failed")
 	}
-	first.release() // reload to a config without the upstream
+	first.Release() // reload to a config without the upstream
 
-	var readded poolRefs
-	again, _ := readded.adoptUpstream(id)
+	var readded PoolRefs
+	again, _ := readded.AdoptUpstream(id)
 	again.limit.Store(1)
 	if _, ok := again.tryClaim(); ok {
 		t.Fatal("the re-added upstream forgot the request still running on it")
@@ -250,13 +250,13 @@ func TestRemovedUpstreamKeepsCountingItsRequests(t *testing.T) {
 		t.Fatal("the slot did not come free in the re-added upstream")
 	}
 	again.release()
-	readded.release()
+	readded.Release()
 
 	// Once nothing runs, a re-added id starts fresh.
-	var later poolRefs
-	fresh, isFresh := later.adoptUpstream(id)
+	var later PoolRefs
+	fresh, isFresh := later.AdoptUpstream(id)
 	if !isFresh || fresh.inflight.Load() != 0 {
 		t.Errorf("fresh %v inflight %d", isFresh, fresh.inflight.Load())
 	}
-	later.release()
+	later.Release()
 }
