@@ -27,7 +27,8 @@ import (
 
 // tlsUpstream is a provider behind HTTPS with httptest's self-signed
 // certificate (for 127.0.0.1), which no system trust store knows. failNext
-// makes it answer 500 once.
+// makes it answer 500 to the next POST once (not to the GET …/models that
+// each config's start-up path check sends at a time of its own).
 type tlsUpstream struct {
 	*httptest.Server
 	failNext atomic.Bool
@@ -37,7 +38,7 @@ func newTLSUpstream(t *testing.T) *tlsUpstream {
 	t.Helper()
 	u := &tlsUpstream{}
 	u.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if u.failNext.CompareAndSwap(true, false) {
+		if r.Method == http.MethodPost && u.failNext.CompareAndSwap(true, false) {
 			status(500)(w, r)
 			return
 		}
