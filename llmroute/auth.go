@@ -288,15 +288,6 @@ func (h *Handler) tagRequest(r *http.Request, k *clientKey) {
 	}
 }
 
-// keyErrorFront is the front whose error shape a refusal takes: the
-// model list asked the Anthropic way answers Anthropic's shape.
-func keyErrorFront(r *http.Request, f front) front {
-	if (f == frontModels || f == frontModel) && r.Header.Get("Anthropic-Version") != "" {
-		return frontMessages
-	}
-	return f
-}
-
 // refuseKey answers a refusal for k on model and counts it in the key's
 // requests too.
 func (h *Handler) refuseKey(w http.ResponseWriter, r *http.Request, f front, k *clientKey, model string, e apiError) {

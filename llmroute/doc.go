@@ -1,91 +1,99 @@
 // Package llmroute is the http.handlers.llm_route Caddy module: an
 // OpenAI-compatible LLM router.
 //
-// Where things live (each concern has one home):
+// # The parts
 //
-//   - handler.go   the Handler config (godoc = module docs) and registration
-//   - config.go    Provider / Upstream / Model and their validation
-//   - duration.go  ISO-8601 + Go durations
-//   - provision.go effective settings resolved once; shared state adopted;
-//     limits applied on Caddy's "started" event; Cleanup
-//   - front.go     the path table: which front (chat, messages,
-//     count_tokens, responses, embeddings, completions, models) a path is,
-//     and each front's codec
-//   - serve.go     ServeHTTP: parse → admit → attempt → failover loop, one
-//     loop for every generation front (serveFront)
-//   - apis.go      the backs: an upstream's native apis, its endpoint URLs
-//     (precomputed), the auth header of its key
-//   - codec.go     the codec interface: what differs per client API, asked
-//     by the request path instead of branching on the API, so each API
-//     lives in one file and a new one (Gemini) is a codec file and a wire
-//     package; the shared parts (translator stages of the sink chain,
-//     frontReq, client session ids)
-//   - codec_chat.go, codec_messages.go, codec_responses.go,
-//     codec_embeddings.go, codec_completions.go  one codec each: native or
-//     translated body (encode), the continuation's chat body, answer and
-//     stream translation, the native stream's end and error event, the
-//     error shape, session ids
-//   - count_tokens.go  Messages count_tokens: no slot, native (one call,
-//     call.go) or estimated
-//   - call.go      the attempt path, the one way any request reaches an
-//     upstream: the request, request_timeout, the first-byte watchdog and
-//     first read, the sorting of a failed answer (classify.go: failover
-//     statuses, Retry-After; context.go: a context-length refusal) and its
-//     bounded drain. Attempts, continuations, probes and count_tokens all
-//     send through it, so each of those rules is written once
-//   - retry.go     the same-upstream rules of a run of calls on a held slot
-//     (retries, the Retry-After wait, the hold when the run ends on one),
-//     for attempts and continuations alike (tryAgain)
-//   - exchange.go  one attempt's exchange: the front's body sent as a call,
-//     then the sink chain: upstream → [think rewriter] → [front translator]
-//     → client
-//   - resume.go    mid-stream continuation: the follower, continuation calls
-//     copied through the first exchange's chain
-//   - wire/anthropic, wire/responses  pure translators Messages ⇄ chat and
-//     Responses ⇄ chat (no Caddy, no llmroute import)
-//   - attempt.go   one attempt on one upstream's slot: its outcome recorded
-//     exactly once (slot release, backoff, metric, log); the watchdog and
-//     the first-read decision the calls use
-//   - stream.go    the response body: passthrough or think-tag rewrite,
-//     idle watchdog, heartbeats, the final SSE error event (in the shape
-//     the codec gives, streamShape)
-//   - ledger/      package ledger: everything counted or remembered on the
-//     request path behind one interface (slot, capacity and long-context
-//     claims, backoff and holds, client keys' rates and budgets, session
-//     ids, the fleet views) and the pooled state it counts in (what
-//     outlives a reload). memory = the pools, redis = a fleet (pooled by
-//     its state block) in front of them. Each handler owns one; every
-//     compiled upstream embeds its handle (ledger.Upstream) and carries
-//     the ledger; it wakes the queue through a hook, never by name
-//   - stateconfig.go  the `state` block (StateConfig), resolved into the
-//     ledger's plain options
-//   - redisstate/  the Redis side, one Lua script per operation (no Caddy,
-//     no llmroute import; the request path sees it only through the
-//     ledger's fleet)
-//   - queue.go     the process-wide FIFO scheduler of waiting requests (slots
-//     are pooled by id across handlers and reloads; arrival order is global)
-//   - prober.go    background probes of cooling upstreams (one call each,
-//     quiet: a probe's failure changes nothing)
-//   - metrics.go   collectors registered per config; gauges read from state
-//   - errors.go    the OpenAI error shape
-//   - registry.go  the handler instances of the running config(s)
-//   - status.go    status snapshot and explain verdicts: pure reads of state
-//   - admin.go     admin.api.llm_route: /llm_route/status, explain, the page
-//     (admin_page.html/.js/.css, embedded)
-//   - cli/         `caddy llm-route status|explain`, over the admin API
-//   - auth.go      client keys: config, authentication on every
-//     front, model lists, refusals, per-key status
-//   - budget.go    per-attempt budget reservation and settlement, prices,
-//     per-key metrics
-//   - keys/        the key state behind a small Store interface (GCRA,
-//     budgets; atomic per key) with the embedded memory store; a shared
-//     backend implements the same interface
+// The module is a few parts, each with one home. The request path runs
+// through them in this order; an arrow goes only from a part to one below
+// it, except where the list says otherwise.
 //
-// Arrows that never exist: llmroute never imports the caddyfile package;
-// packages transform, wire/* and redisstate import nothing of Caddy or of this package; ledger/
-// imports neither this package nor Caddy's HTTP handler code, so the state
-// it holds never calls the queue, placement or the attempts (the compiler
-// refuses the import); nothing reaches a "current" ledger or fleet through
-// a global (the ledger is reached through the handler or upstream that owns
-// it).
+//  1. Fronts and codecs. front.go maps a path to its front (chat,
+//     Messages, count_tokens, Responses, embeddings, completions, models)
+//     and the front to its codec. codec.go is the codec interface and
+//     codec_<api>.go one codec each: everything one client API does
+//     differently (native or translated body, the continuation's chat
+//     body, answer and stream translation, how its stream ends, its error
+//     shape, its session ids). Nothing outside the codecs branches on the
+//     client API, so a new API (Gemini) is a codec file and a wire package.
+//     The translators themselves are the pure packages wire/anthropic and
+//     wire/responses.
+//  2. The route table. route.go holds what a config compiles once at
+//     provision: the upstreams with every setting resolved, the models'
+//     routes, their per-API and per-size variants (apis.go, context.go),
+//     and the placement seam route.order, the order in which admission
+//     tries a route's targets (the configured order today). Provisioning
+//     (provision.go) builds it; nothing on the request path calls back
+//     into provisioning.
+//  3. Admission. serve.go admits a request on its route: client keys and
+//     budgets (auth.go, budget.go) and the context fit narrow the route,
+//     then a slot is claimed in route order through the handler's ledger,
+//     or the request waits in the queue (queue.go).
+//  4. The ledger (package ledger). Everything counted or remembered:
+//     slots, provider capacity, long-context slots, backoff and Retry-After
+//     holds, client keys' rates and budgets, session ids, with the memory
+//     and Redis backends behind one interface. Each handler owns one, made
+//     from its state block (stateconfig.go); every compiled upstream
+//     carries it. It is the one part that is a package of its own, because
+//     its arrows matter most: the state must never call the queue, the
+//     attempts or placement, and across a package boundary the compiler
+//     refuses that. It wakes the queue through a hook the handler gives it.
+//  5. The attempt path. attempt.go runs one attempt on a claimed slot and
+//     records its outcome exactly once (slot, backoff, metric, log);
+//     retry.go applies the same-upstream rules (retries, the Retry-After
+//     wait and hold) to a run of calls on one slot; call.go is the one way
+//     any request reaches an upstream (request, request_timeout, first-byte
+//     watchdog and first read, and the sorting of a failed answer in
+//     classify.go and context.go), used by attempts, retries,
+//     continuations, probes (prober.go) and count_tokens (count_tokens.go),
+//     so each rule is written once. exchange.go then carries the answer
+//     through the sink chain (upstream → think rewriter → the codec's
+//     translator → client writer, stream.go), headers.go filters headers,
+//     usage.go reads usage; resume.go continues a broken stream on the next
+//     upstream through the same chain.
+//
+// Beside the path: handler.go (the config and its godoc), config.go,
+// duration.go, provision.go and pathcheck.go (the start-up check of each
+// provider's URL) set a config up; metrics.go, status.go, admin.go,
+// routeheaders.go, tracing.go and cli/ show what the handler decided and
+// why; keyusage.go keeps keys' usage in Caddy's storage; errors.go holds
+// the proxy's own errors; registry.go the running handlers. The pure
+// packages transform, wire/*, keys, redisstate and internal/jsonscan import
+// nothing of Caddy's HTTP code or of this package.
+//
+// Why the other parts are files and not packages: fronts, the route table,
+// admission and the attempt path all work on the same compiled upstream
+// and route values and on one exchange, read on the hot path field by
+// field. As packages they would export nearly every field of those values
+// and pass the exchange across boundaries for no arrow the compiler could
+// then enforce that the file split does not already show; the ledger is
+// different (a small interface, and an arrow that must never exist).
+//
+// # The request path
+//
+//  1. ServeHTTP (serve.go): the path's front and codec (front.go), CORS,
+//     the method, the client key (auth.go).
+//  2. serveFront (serve.go): read and parse the body, the model's route for
+//     the front's API (route.go), the context fit (context.go), the key's
+//     rate and budget (budget.go).
+//  3. admit (serve.go) → claimFrom in route order (queue.go, route.go) →
+//     the ledger's claim (ledger/), or wait in the queue (queue.go).
+//  4. attempt (attempt.go) → exchangeRetrying (retry.go) → exchange.run
+//     (exchange.go): the codec's body (codec_<api>.go), one call
+//     (call.go), the sink chain to the client (exchange.go, stream.go).
+//  5. finish (attempt.go): the slot back to the ledger, backoff, metrics,
+//     the log line; a stream that broke goes to resume (resume.go); a
+//     failure before the first byte fails over to the next target in
+//     route order (serve.go); when none is left, the refusal in the
+//     codec's shape (errors.go, codec.go).
+//
+// # Arrows that never exist
+//
+//   - llmroute → the caddyfile package (the core does not know its text);
+//   - ledger → this package, the queue, placement or the attempts;
+//   - transform, wire/*, keys, redisstate → Caddy's HTTP code or this
+//     package;
+//   - anything → a process-wide "current" handler, ledger or fleet (state
+//     is reached through the handler or upstream that owns it);
+//   - the request path → a client API constant outside the codecs (chat,
+//     the hub every translation and continuation speaks, excepted).
 package llmroute

@@ -308,3 +308,12 @@ func (h *Handler) warnTooBig(u *upstream, n int) {
 		c.Write(zap.String("upstream", u.ID), zap.Int64("max_rewrite_size", h.maxRewrite), zap.Int("count", n))
 	}
 }
+
+// keyErrorFront is the front whose error shape a refusal takes: the
+// model list asked the Anthropic way answers Anthropic's shape.
+func keyErrorFront(r *http.Request, f front) front {
+	if (f == frontModels || f == frontModel) && r.Header.Get("Anthropic-Version") != "" {
+		return frontMessages
+	}
+	return f
+}
