@@ -28,6 +28,13 @@ func newBenchHandler(tb testing.TB, upstream string) *Handler {
 			"patch": {"provider": {"ignore": ["deepseek"]}}}],
 		"models": [{"name": "m", "upstreams": ["bench-u"], "patch": {"reasoning": {"enabled": false}}}]
 	}`
+	return provisionBench(tb, raw)
+}
+
+// provisionBench provisions the handler config raw (JSON) the way
+// newBenchHandler does.
+func provisionBench(tb testing.TB, raw string) *Handler {
+	tb.Helper()
 	h := new(Handler)
 	if err := json.Unmarshal([]byte(raw), h); err != nil {
 		tb.Fatal(err)
