@@ -119,7 +119,7 @@ var clientSessionHeaders = []string{"X-Claude-Code-Session-Id", "Session-Id", "S
 // clientSession is the client's own session id, "" when it sent none.
 func clientSession(r *http.Request) string {
 	for _, k := range clientSessionHeaders {
-		if v := r.Header[k]; len(v) > 0 && v[0] != "" && validHeaderValue(v[0]) {
+		if v := r.Header[k]; len(v) > 0 && v[0] != "" && transform.ValidHeaderValue(v[0]) {
 			return v[0]
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/responses"
 )
 
@@ -34,7 +35,7 @@ func (responsesCodec) sessionID(ids ledger.Ledger, body, out []byte, tr translat
 			return ids.SessionID(body)
 		}
 	}
-	if info.PromptCacheKey != "" && validHeaderValue(info.PromptCacheKey) {
+	if info.PromptCacheKey != "" && transform.ValidHeaderValue(info.PromptCacheKey) {
 		return info.PromptCacheKey
 	}
 	return ids.SessionID(chat)

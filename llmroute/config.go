@@ -500,17 +500,6 @@ func validHeaderName(s string) bool {
 	return true
 }
 
-// validHeaderValue reports whether s can be sent as a header value: no
-// control characters (CR and LF above all) other than horizontal tab.
-func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 // checkStaticHeader rejects provider headers that would smuggle credentials
 // or break framing; the key goes through Provider.Key only.
 func checkStaticHeader(name string) error {

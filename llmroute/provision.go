@@ -196,7 +196,7 @@ func (h *Handler) connectProvider(ctx caddy.Context, p *Provider, repl *caddy.Re
 	key := resolveSecret(repl, p.Key)
 	switch {
 	case key != "":
-		if !validHeaderValue(key) {
+		if !transform.ValidHeaderValue(key) {
 			return nil, fmt.Errorf("%s: key contains a line break or another control character", where)
 		}
 		c.auth = key
@@ -216,7 +216,7 @@ func (h *Handler) connectProvider(ctx caddy.Context, p *Provider, repl *caddy.Re
 	sort.Strings(names) // the first error named is always the same one
 	for _, name := range names {
 		val := repl.ReplaceAll(p.Headers[name], "")
-		if !validHeaderValue(val) {
+		if !transform.ValidHeaderValue(val) {
 			// Sent as is, it would fail every request as a connection error.
 			return nil, fmt.Errorf("%s: header %q: value contains a line break or another control character", where, name)
 		}

@@ -52,7 +52,7 @@ func (r *sessionRegistry) shared(f *fleet, body []byte) string {
 	}
 	keys := h.Keys(make([]string, 0, 16), f.store.SessionKeyPrefix())
 	id, err := f.store.Session(context.Background(), keys, h.Candidate, sessionTTL)
-	if err == nil && !validHeaderValue(id) {
+	if err == nil && !transform.ValidHeaderValue(id) {
 		err = errors.New("redis: the session registry holds an id that is no header value")
 	}
 	if err != nil {
@@ -72,14 +72,3 @@ func (r *sessionRegistry) shared(f *fleet, body []byte) string {
 
 // Sessions returns the number of sessions in this process's registry.
 func Sessions() int { return sessions.local.Len() }
-
-// validHeaderValue reports whether s can be sent as a header value: no
-// control character but tab.
-func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}

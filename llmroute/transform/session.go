@@ -572,3 +572,15 @@ func canonJSON(dst, v []byte) []byte {
 		return appendRec(dst, 'v', v)
 	}
 }
+
+// ValidHeaderValue reports whether s can be sent as a header value, as a
+// session id or a key is: no control characters (CR and LF above all)
+// other than horizontal tab.
+func ValidHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -335,3 +335,14 @@ func FuzzSessionsHistory(f *testing.F) {
 		}
 	})
 }
+
+func TestValidHeaderValue(t *testing.T) {
+	for s, want := range map[string]bool{
+		"": true, "sess-1": true, "a\tb": true, "caf\xc3\xa9": true,
+		"a\r\nX-Evil: 1": false, "a\nb": false, "a\x00b": false, "a\x7fb": false,
+	} {
+		if got := ValidHeaderValue(s); got != want {
+			t.Errorf("ValidHeaderValue(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
