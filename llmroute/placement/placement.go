@@ -174,8 +174,11 @@ const maxStack = 64
 // returns cache_aware's warm choice (Member -1 for other policies).
 func (p *Pool) Rank(ms []Member, req Request, order []int, reasons []Reason) Decision {
 	n := len(ms)
-	order, reasons = order[:n], reasons[:n]
 	d := Decision{Member: -1}
+	if n == 0 {
+		return d // an empty pool: nothing to rank (and no round-robin modulo 0)
+	}
+	order, reasons = order[:n], reasons[:n]
 	switch p.Policy {
 	case First:
 		for i := range order {
