@@ -170,7 +170,8 @@ type Pool struct {
 const maxStack = 64
 
 // Rank fills order (indexes into ms, most preferred first) and reasons
-// (aligned with order) for one request; both must have len(ms). It
+// (aligned with order) for one request; both must be at least len(ms)
+// long. It
 // returns cache_aware's warm choice (Member -1 for other policies).
 func (p *Pool) Rank(ms []Member, req Request, order []int, reasons []Reason) Decision {
 	n := len(ms)

@@ -420,3 +420,36 @@ func TestImportsOnlyStandardLibrary(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentUse: one pool ranked, recorded, corrected and pinned from
+// several goroutines (run with -race); every ranking stays a permutation.
+func TestConcurrentUse(t *testing.T) {
+	x := NewIndex(3, 64, time.Minute)
+	p := &Pool{Policy: CacheAware, Threshold: 0.5, Index: x}
+	done := make(chan error)
+	for g := range 4 {
+		go func() {
+			ms := members(3)
+			order, reasons := make([]int, 3), make([]Reason, 3)
+			now := time.Unix(1, 0)
+			for i := range 200 {
+				ch := Chain(nil, conversation([]byte("sys"), g, i%5))
+				d := p.Rank(ms, Request{Key: uint64(g), HasKey: true, Chain: ch, Now: now}, order, reasons)
+				if order[0]+order[1]+order[2] != 3 || order[0] == order[1] {
+					done <- fmt.Errorf("order %v", order)
+					return
+				}
+				x.Record(order[0], ch, now)
+				x.Pin(uint64(g), order[0], now)
+				x.Correct(order[0], ch, d.Matched, i%3*100, 1000)
+				now = now.Add(time.Second)
+			}
+			done <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
