@@ -128,6 +128,9 @@ func (r Reason) String() string { return string(r.AppendText(nil)) }
 // Request is what a decision knows of the request.
 type Request struct {
 	// Key is the affinity key's hash (HashString); HasKey says there is one.
+	// sticky ranks by Key whatever HasKey says (the caller always has one:
+	// at worst the prompt's prefix-hash session); cache_aware looks up a
+	// pin only when HasKey.
 	Key    uint64
 	HasKey bool
 	// Chain is the prompt's chain of block hashes (Chain), for cache_aware.
