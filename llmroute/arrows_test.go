@@ -32,7 +32,7 @@ func TestArrowsBetweenPackages(t *testing.T) {
 		{"ledger", "Caddy's HTTP code", func(imp string) bool { return strings.Contains(imp, "/caddy/v2/modules/") }},
 		{".", "the caddyfile package", func(imp string) bool { return imp == modulePath+"/caddyfile" }},
 	}
-	for _, pure := range []string{"transform", "wire/anthropic", "wire/responses", "keys", "redisstate", "internal/jsonscan"} {
+	for _, pure := range []string{"transform", "wire/anthropic", "wire/responses", "keys", "redisstate", "internal/jsonscan", "placement"} {
 		never = append(never, arrow{pure, "Caddy", toCaddy}, arrow{pure, "the core", toCore})
 	}
 	for _, n := range never {

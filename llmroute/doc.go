@@ -57,8 +57,9 @@
 // routeheaders.go, tracing.go and cli/ show what the handler decided and
 // why; keyusage.go keeps keys' usage in Caddy's storage; errors.go holds
 // the proxy's own errors; registry.go the running handlers. The pure
-// packages transform, wire/*, keys, redisstate and internal/jsonscan import
-// nothing of Caddy's HTTP code or of this package.
+// packages transform, wire/*, keys, redisstate, placement (pool placement
+// policies and the prefix index; not wired in yet) and internal/jsonscan
+// import nothing of Caddy's HTTP code or of this package.
 //
 // Why the other parts are files and not packages: fronts, the route table,
 // admission and the attempt path all work on the same compiled upstream
@@ -90,8 +91,8 @@
 //
 //   - llmroute → the caddyfile package (the core does not know its text);
 //   - ledger → this package, the queue, placement or the attempts;
-//   - transform, wire/*, keys, redisstate → Caddy's HTTP code or this
-//     package;
+//   - transform, wire/*, keys, redisstate, placement → Caddy's HTTP code
+//     or this package;
 //   - anything → a process-wide "current" handler, ledger or fleet (state
 //     is reached through the handler or upstream that owns it);
 //   - the request path → a client API constant outside the codecs (chat,
