@@ -60,13 +60,21 @@ func clientsNotFound(status int, head []byte) bool {
 	return strings.HasSuffix(c, "_not_found") && c != "model_not_found"
 }
 
-// peekNotFound reads the head of a 404's body (bounded, and bounded in
-// time like a drain) and puts it back, for clientsNotFound.
+// peekNotFound reads the head of a 404's body and puts it back, for
+// clientsNotFound.
 func (c *call) peekNotFound() []byte {
-	resp := c.resp
-	if resp.StatusCode != http.StatusNotFound {
+	if c.resp.StatusCode != http.StatusNotFound {
 		return nil
 	}
+	return c.peekBody()
+}
+
+// peekBody reads the head of a failed answer's body, bounded in size and,
+// like a drain, in time (an error answer that stalls must not hold up the
+// failover), and puts it back in front of the body, so an answer that is
+// then passed on reaches the client whole.
+func (c *call) peekBody() []byte {
+	resp := c.resp
 	c.w8.arm(drainTimeout, codeDrain)
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalPeek))
 	c.w8.stop()

@@ -2,7 +2,6 @@ package llmroute
 
 import (
 	"bytes"
-	"io"
 	"net/http"
 	"sort"
 	"strconv"
@@ -76,15 +75,7 @@ func (c *call) contextRefusal() (attemptResult, int) {
 	if c.rt == nil || !contextStatus(resp.StatusCode) {
 		return attemptResult{}, refusalNone
 	}
-	// An error answer that stalls must not hold up the failover.
-	c.w8.arm(drainTimeout, codeDrain)
-	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalPeek))
-	c.w8.stop()
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
-	if !isContextLength(head) {
+	if !isContextLength(c.peekBody()) {
 		return attemptResult{}, refusalNone
 	}
 	next, ok := claimFrom(c.rt, c.idx, time.Now(), c.h.logger)

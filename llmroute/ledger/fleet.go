@@ -537,6 +537,32 @@ func (f *fleet) used(upstreams, providers []string) (map[string]int64, map[strin
 	return ups, provs
 }
 
+// counter is a pooled state with an in-flight count: an upstream's or a
+// provider's.
+type counter interface {
+	comparable
+	count() (id string, inflight int64)
+}
+
+func (s *UpstreamState) count() (string, int64) { return s.id, s.inflight.Load() }
+func (p *ProviderState) count() (string, int64) { return p.id, p.inflight.Load() }
+
+// countInto writes the in-flight count of every registered and every
+// draining state into out by id, and lets a draining state at zero go.
+func countInto[S counter](out map[string]int64, live map[S]int, draining map[S]bool) {
+	for s := range draining {
+		id, n := s.count()
+		out[id] = n
+		if n <= 0 {
+			delete(draining, s)
+		}
+	}
+	for s := range live {
+		id, n := s.count()
+		out[id] = n
+	}
+}
+
 // fleetScopes are the upstreams, providers and backoff scopes that the
 // fleet's handlers count in it, registered when a handler starts and given
 // back at its Cleanup. Renewals, the poll and the wake messages touch only
@@ -613,26 +639,8 @@ func (c *fleetScopes) counts() (ups, provs map[string]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ups, provs = make(map[string]int64, len(c.ups)), make(map[string]int64, len(c.provs))
-	for s := range c.drainUps {
-		n := s.inflight.Load()
-		ups[s.id] = n
-		if n <= 0 {
-			delete(c.drainUps, s)
-		}
-	}
-	for s := range c.ups {
-		ups[s.id] = s.inflight.Load()
-	}
-	for p := range c.drainProvs {
-		n := p.inflight.Load()
-		provs[p.id] = n
-		if n <= 0 {
-			delete(c.drainProvs, p)
-		}
-	}
-	for p := range c.provs {
-		provs[p.id] = p.inflight.Load()
-	}
+	countInto(ups, c.ups, c.drainUps)
+	countInto(provs, c.provs, c.drainProvs)
 	return ups, provs
 }
 
