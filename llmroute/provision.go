@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,7 +46,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
 	h.joinConfig(ctx)
-	if err := validateConfig(h.Providers, h.Upstreams, h.Models); err != nil {
+	if err := validateConfig(h.Providers, h.Upstreams, h.Pools, h.Models); err != nil {
 		return err
 	}
 	if h.MaxRequestBody < 0 {
@@ -379,8 +380,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		rt.queueSize = *m.QueueSize
 	}
 	rt.queueTimeout = durationOr(defaultQueueTimeout, m.QueueTimeout, h.QueueTimeout)
-	for _, id := range m.Upstreams {
-		u := h.table.upstreams[id]
+	for _, u := range h.chainUpstreams(m.Upstreams) {
 		counters := make(map[string]prometheus.Counter, len(allResults))
 		for _, res := range allResults {
 			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.ID, u.Provider, res)
@@ -393,6 +393,37 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		}})
 	}
 	return rt, nil
+}
+
+// chainUpstreams expands a model's chain, upstream and pool ids, into its
+// upstreams: a pool's members in the pool's list order. An upstream the
+// chain reaches twice (in two pools, or in a pool and named directly) is
+// tried once, at its first place: its slots and backoff are one anyway.
+func (h *Handler) chainUpstreams(ids []string) []*upstream {
+	var members map[string][]string
+	if len(h.Pools) > 0 {
+		members = make(map[string][]string, len(h.Pools))
+		for _, p := range h.Pools {
+			members[p.ID] = p.Upstreams
+		}
+	}
+	var out []*upstream
+	add := func(id string) {
+		u := h.table.upstreams[id]
+		if !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	for _, id := range ids {
+		if ms, ok := members[id]; ok {
+			for _, m := range ms {
+				add(m)
+			}
+			continue
+		}
+		add(id)
+	}
+	return out
 }
 
 // dollarVar matches the original proxy's ${NAME} references.
