@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A pool's config errors name the pool and what is wrong with it, and the
@@ -106,5 +108,173 @@ func TestPoolStepFailsOverThroughMembersThenNextStep(t *testing.T) {
 	}
 	if n := len(gpu1.Calls()) + len(gpu2.Calls()) + len(cloud.Calls()); n != 3 {
 		t.Errorf("upstream calls = %d, want 3", n)
+	}
+}
+
+// poolProxy starts a proxy whose model m is one pool of the given
+// upstreams (ids g0, g1, …, limit each) with the pool settings kv.
+func poolProxy(t *testing.T, ups []*fakeUpstream, limit int, kv ...any) *proxy {
+	t.Helper()
+	var provs, us []map[string]any
+	var ids []string
+	for i, up := range ups {
+		id := "g" + string(rune('0'+i))
+		provs = append(provs, obj("id", "p"+id, "url", up.base()))
+		us = append(us, obj("id", id, "provider", "p"+id, "model", "x", "max_concurrency", limit))
+		ids = append(ids, id)
+	}
+	return startProxy(t, cfg(provs, us, []map[string]any{obj("name", "m", "upstreams", []string{"gpus"})},
+		"pools", []map[string]any{obj(append([]any{"id", "gpus", "upstreams", ids}, kv...)...)}))
+}
+
+// holdable answers at once, except a request whose prompt says "hold",
+// which waits for g.
+func holdable(g *gate, text string) http.HandlerFunc {
+	answer := completion(text)
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		if strings.Contains(string(body), "hold") {
+			g.handler(answer)(w, r)
+			return
+		}
+		answer(w, r)
+	}
+}
+
+func promptBody(text string) string {
+	return `{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`
+}
+
+// least_busy (the default): a member holding a request is passed over for
+// an idle one, and idle equals take turns.
+func TestPoolLeastBusySpreadsLoad(t *testing.T) {
+	g := newGate()
+	defer g.open()
+	ups := []*fakeUpstream{newUpstream(t, holdable(g, "from g0")), newUpstream(t, holdable(g, "from g1"))}
+	p := poolProxy(t, ups, 4)
+
+	// Idle equals alternate.
+	prev := ""
+	for i := 0; i < 10; i++ {
+		resp := p.chat(promptBody("hi"))
+		got := resp.Header.Get("X-LLM-Route-Upstream")
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		}
+		if got == prev {
+			t.Errorf("request %d went to %s again; idle members should take turns", i, got)
+		}
+		prev = got
+	}
+
+	// A request held on one member sends the next ones to the other.
+	held := p.goChat(context.Background(), promptBody("hold"))
+	g.waitArrivals(t, 1)
+	busy := "g0"
+	if len(ups[1].Calls()) > 5 {
+		busy = "g1"
+	}
+	for i := 0; i < 4; i++ {
+		resp := p.chat(promptBody("hi"))
+		if got := resp.Header.Get("X-LLM-Route-Upstream"); resp.StatusCode != http.StatusOK || got == busy {
+			t.Errorf("request %d with %s busy: status %d, upstream %s, want the idle member", i, busy, resp.StatusCode, got)
+		}
+		readAll(t, resp)
+	}
+	g.open()
+	if r := await(t, held); r.status != http.StatusOK || r.header.Get("X-LLM-Route-Upstream") != busy {
+		t.Errorf("held request: status %d upstream %q, want 200 from %s", r.status, r.header.Get("X-LLM-Route-Upstream"), busy)
+	}
+}
+
+// sticky: one session keeps its member over many requests; while that
+// member is busy the session goes to its next-ranked member, and back
+// afterwards.
+func TestPoolStickyKeepsASessionOnItsMember(t *testing.T) {
+	g := newGate()
+	defer g.open()
+	ups := []*fakeUpstream{newUpstream(t, holdable(g, "a")), newUpstream(t, holdable(g, "b")), newUpstream(t, holdable(g, "c"))}
+	// Limit 2: a finished request's slot may still be on its way back when
+	// the next request of the session arrives; one left free keeps the
+	// member free.
+	p := poolProxy(t, ups, 2, "placement", "sticky")
+
+	member := func(session string) string {
+		t.Helper()
+		resp := p.chat(promptBody("hi"), "X-Claude-Code-Session-Id", session)
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("session %s: status %d: %s", session, resp.StatusCode, body)
+		}
+		return resp.Header.Get("X-LLM-Route-Upstream")
+	}
+	home := member("session-1")
+	for i := 0; i < 50; i++ {
+		if got := member("session-1"); got != home {
+			t.Fatalf("request %d of session-1 went to %s, want its member %s", i, got, home)
+		}
+	}
+	// Other sessions spread over the members.
+	seen := map[string]bool{}
+	for i := 0; i < 30; i++ {
+		seen[member("session-x"+string(rune('a'+i)))] = true
+	}
+	if len(seen) < 2 {
+		t.Errorf("30 sessions all went to %v; sticky should spread keys over the members", seen)
+	}
+
+	// Its member busy (two held requests of the session fill it): the
+	// session goes to another member, the same one each time, and comes
+	// home once the member frees up.
+	var held []<-chan result
+	for i := 0; i < 2; i++ {
+		held = append(held, p.goChat(context.Background(), promptBody("hold"), "X-Claude-Code-Session-Id", "session-1"))
+		g.waitArrivals(t, 1)
+	}
+	second := member("session-1")
+	if second == home {
+		t.Fatalf("session-1 went to its busy member %s", home)
+	}
+	for i := 0; i < 5; i++ {
+		if got := member("session-1"); got != second {
+			t.Errorf("with %s busy, request %d went to %s, want the next-ranked %s", home, i, got, second)
+		}
+	}
+	g.open()
+	for _, h := range held {
+		if r := await(t, h); r.status != http.StatusOK || r.header.Get("X-LLM-Route-Upstream") != home {
+			t.Errorf("held request: status %d upstream %q, want 200 from %s", r.status, r.header.Get("X-LLM-Route-Upstream"), home)
+		}
+	}
+	eventually(t, 5*time.Second, "the home member's slots back", func() bool {
+		return p.upstreamGauge("inflight", home, "p"+home) == 0
+	})
+	if got := member("session-1"); got != home {
+		t.Errorf("after its member freed up, session-1 went to %s, want %s", got, home)
+	}
+}
+
+// A failed member fails over to the next member of this request's order,
+// then to the chain's next step.
+func TestPoolFailoverGoesThroughMembersThenNextStep(t *testing.T) {
+	bad1 := newUpstream(t, status(http.StatusInternalServerError))
+	bad2 := newUpstream(t, status(http.StatusInternalServerError))
+	cloud := newUpstream(t, completion("from cloud"))
+	p := startProxy(t, cfg(
+		[]map[string]any{obj("id", "p1", "url", bad1.base()), obj("id", "p2", "url", bad2.base()), obj("id", "pc", "url", cloud.base())},
+		[]map[string]any{
+			obj("id", "gpu1", "provider", "p1", "model", "x"),
+			obj("id", "gpu2", "provider", "p2", "model", "x"),
+			obj("id", "cloud", "provider", "pc", "model", "x"),
+		},
+		[]map[string]any{obj("name", "m", "upstreams", []string{"gpus", "cloud"})},
+		"pools", []map[string]any{obj("id", "gpus", "upstreams", []string{"gpu1", "gpu2"})},
+	))
+	resp := p.chat(promptBody("hi"))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || resp.Header.Get("X-LLM-Route-Upstream") != "cloud" {
+		t.Fatalf("status %d upstream %q: %s; want 200 from cloud", resp.StatusCode, resp.Header.Get("X-LLM-Route-Upstream"), body)
+	}
+	if n1, n2, nc := len(bad1.Calls()), len(bad2.Calls()), len(cloud.Calls()); n1 != 1 || n2 != 1 || nc != 1 {
+		t.Errorf("calls gpu1 %d gpu2 %d cloud %d, want each member once, then cloud once", n1, n2, nc)
 	}
 }
