@@ -278,3 +278,39 @@ func TestPoolFailoverGoesThroughMembersThenNextStep(t *testing.T) {
 		t.Errorf("calls gpu1 %d gpu2 %d cloud %d, want each member once, then cloud once", n1, n2, nc)
 	}
 }
+
+// A queued request of a pooled model is served by the member that frees
+// up, whichever it is in the pool.
+func TestPoolQueuedRequestTakesTheMemberThatFreesUp(t *testing.T) {
+	g0, g1 := newGate(), newGate()
+	defer g0.open()
+	defer g1.open()
+	ups := []*fakeUpstream{newUpstream(t, holdable(g0, "from g0")), newUpstream(t, holdable(g1, "from g1"))}
+	p := startProxy(t, cfg(
+		[]map[string]any{obj("id", "pg0", "url", ups[0].base()), obj("id", "pg1", "url", ups[1].base())},
+		[]map[string]any{
+			obj("id", "g0", "provider", "pg0", "model", "x", "max_concurrency", 1),
+			obj("id", "g1", "provider", "pg1", "model", "x", "max_concurrency", 1),
+		},
+		[]map[string]any{obj("name", "m", "upstreams", []string{"gpus"}, "queue_size", 4)},
+		"pools", []map[string]any{obj("id", "gpus", "upstreams", []string{"g0", "g1"})},
+	))
+	ctx := context.Background()
+	first := p.goChat(ctx, promptBody("hold"))
+	second := p.goChat(ctx, promptBody("hold"))
+	eventually(t, 10*time.Second, "both members busy", func() bool {
+		return len(ups[0].Calls()) == 1 && len(ups[1].Calls()) == 1
+	})
+	queued := p.goChat(ctx, promptBody("queued"))
+	eventually(t, 10*time.Second, "the third request queued", func() bool {
+		return p.metric("llm_proxy_queue_depth", "model", "m") == 1
+	})
+	g1.open() // g1 frees up first: the queued request takes it
+	r := await(t, queued)
+	if r.status != http.StatusOK || r.header.Get("X-LLM-Route-Upstream") != "g1" {
+		t.Errorf("queued request: status %d upstream %q, want 200 from g1", r.status, r.header.Get("X-LLM-Route-Upstream"))
+	}
+	g0.open()
+	await(t, first)
+	await(t, second)
+}
