@@ -16,6 +16,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/llm-route/caddy-llm-route/llmroute"
+	"github.com/llm-route/caddy-llm-route/llmroute/placement"
 )
 
 func init() {
@@ -96,8 +97,18 @@ func init() {
 //	        patch               <patch>
 //	    }
 //
-//	    model <name> [<upstream id>...] {
+//	    pool <id> {
 //	        upstreams           <upstream id> [<upstream id>...]
+//	        placement           first|least_busy|sticky|cache_aware
+//	        weights             <int> [<int>...]
+//	        affinity_key        <placeholder expression>
+//	        affinity_wait       <duration>
+//	        affinity_ttl        <duration>
+//	        cache_threshold     <0 to 1>
+//	    }
+//
+//	    model <name> [<upstream or pool id>...] {
+//	        upstreams           <upstream or pool id> [<upstream or pool id>...]
 //	        queue_size          <int>
 //	        queue_timeout       <duration>
 //	        resume              on|off
@@ -122,7 +133,8 @@ func init() {
 // appends, and the order is the model's priority order. `header` may be
 // repeated (one header per line), and so may `forward_headers` (each line
 // appends). Every other setting may appear once per
-// block, and provider, upstream and model ids must be unique.
+// block, and provider, upstream and model ids must be unique. A pool's
+// `upstreams` may be repeated too; its id must differ from every upstream's.
 //
 // A <duration> is a Go/Caddy duration (`30s`, `1h15m`, `1d`) or an ISO-8601
 // one (`PT30S`, `PT500MS`, `P1D`, `P1M` = 30 days, `P1Y` = 365 days); it is
@@ -178,6 +190,7 @@ func unmarshalHandler(d *caddyfile.Dispenser) (*llmroute.Handler, error) {
 		h:         new(llmroute.Handler),
 		providers: make(map[string]int),
 		upstreams: make(map[string]int),
+		pools:     make(map[string]int),
 		models:    make(map[string]int),
 		keys:      make(map[string]int),
 	}
@@ -195,6 +208,7 @@ type parser struct {
 
 	providers map[string]int
 	upstreams map[string]int
+	pools     map[string]int
 	models    map[string]int
 	keys      map[string]int
 
@@ -208,6 +222,8 @@ type parser struct {
 
 type reference struct {
 	providerRef bool // else an upstream reference
+	orPool      bool // an upstream reference that may name a pool (a model's)
+	poolID      bool // a pool's own id, which no upstream may have
 	id          string
 	err         error
 }
@@ -241,6 +257,8 @@ func (p *parser) handler() error {
 			err = p.provider()
 		case "upstream":
 			err = p.upstream()
+		case "pool":
+			err = p.pool()
 		case "model":
 			err = p.model()
 		case "key":
@@ -269,14 +287,106 @@ func (p *parser) handler() error {
 		}
 	}
 	for _, r := range p.refs {
+		if r.poolID {
+			if _, clash := p.upstreams[r.id]; clash {
+				return r.err
+			}
+			continue
+		}
 		known := p.upstreams
 		if r.providerRef {
 			known = p.providers
 		}
 		if _, ok := known[r.id]; !ok {
-			return r.err
+			if _, pool := p.pools[r.id]; !r.orPool || !pool {
+				return r.err
+			}
 		}
 	}
+	return nil
+}
+
+// pool parses `pool <id> { upstreams …; placement …; weights …;
+// affinity_key …; affinity_wait …; affinity_ttl …; cache_threshold … }`.
+func (p *parser) pool() error {
+	d := p.d
+	id, err := p.id("pool", p.pools)
+	if err != nil {
+		return err
+	}
+	where := fmt.Sprintf("pool %q: ", id)
+	p.refs = append(p.refs, reference{poolID: true, id: id, err: d.Errf("%sid is also an upstream's", where)})
+	pl := llmroute.Pool{ID: id}
+	listed := map[string]int{}
+	seen := settings{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if name != "upstreams" {
+			if err := seen.once(d, where, name); err != nil {
+				return err
+			}
+		}
+		switch name {
+		case "upstreams":
+			var ids []string
+			if ids, err = p.args(where, name, 1, -1); err != nil {
+				return err
+			}
+			for _, uid := range ids {
+				if line, dup := listed[uid]; dup {
+					return d.Errf("%supstream %q listed twice (first at line %d)", where, uid, line)
+				}
+				listed[uid] = d.Line()
+				pl.Upstreams = append(pl.Upstreams, uid)
+				p.refs = append(p.refs, reference{id: uid, err: d.Errf("%sunknown upstream %q", where, uid)})
+			}
+		case "placement":
+			if pl.Placement, err = p.str(where, name); err == nil {
+				if _, perr := placement.ParsePolicy(pl.Placement); perr != nil {
+					err = d.Errf("%s%s: %v", where, name, perr)
+				}
+			}
+		case "weights":
+			var ws []string
+			if ws, err = p.args(where, name, 1, -1); err != nil {
+				return err
+			}
+			for _, w := range ws {
+				n, aerr := strconv.Atoi(w)
+				if aerr != nil || n <= 0 || n > math.MaxUint32 {
+					return d.Errf("%sweights: %q is not a positive integer", where, w)
+				}
+				pl.Weights = append(pl.Weights, n)
+			}
+		case "affinity_key":
+			pl.AffinityKey, err = p.str(where, name)
+		case "affinity_wait":
+			pl.AffinityWait, err = p.duration(where, name)
+		case "affinity_ttl":
+			pl.AffinityTTL, err = p.duration(where, name)
+		case "cache_threshold":
+			var s string
+			if s, err = p.str(where, name); err == nil {
+				f, ferr := strconv.ParseFloat(s, 64)
+				if ferr != nil || !(f >= 0 && f <= 1) {
+					return d.Errf("%s%s: want a number from 0 to 1, got %q", where, name, s)
+				}
+				pl.CacheThreshold = &f
+			}
+		default:
+			return d.Errf("%sunrecognized subdirective %q", where, name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(pl.Upstreams) == 0 {
+		return d.Errf("%sneeds at least one upstream (`upstreams` in its block)", where)
+	}
+	if len(pl.Weights) > 0 && len(pl.Weights) != len(pl.Upstreams) {
+		return d.Errf("%sweights: want one per upstream (%d), got %d", where, len(pl.Upstreams), len(pl.Weights))
+	}
+	p.h.Pools = append(p.h.Pools, pl)
 	return nil
 }
 
@@ -551,7 +661,7 @@ func (p *parser) model() error {
 			}
 			listed[id] = d.Line()
 			m.Upstreams = append(m.Upstreams, id)
-			p.refs = append(p.refs, reference{id: id, err: d.Errf("%sunknown upstream %q", where, id)})
+			p.refs = append(p.refs, reference{id: id, orPool: true, err: d.Errf("%sunknown upstream %q", where, id)})
 		}
 		return nil
 	}

@@ -58,6 +58,7 @@ type keyReq struct {
 	// rt is the request's route restricted to the upstreams its budget
 	// had room for when it was admitted (the route itself when all had).
 	rt *route
+	pl *placing // the request's placement order
 	// end ends the request's hold on a shared key store (Ledger.KeepKeys).
 	end func()
 }
@@ -184,7 +185,7 @@ func (h *Handler) reserveAttempt(kr *keyReq, rt *route, idx int) (int, *apiError
 		}
 		rt.targets[idx].up.led.ReleaseLong(rt.targets[idx].long)
 		u.release()
-		next, ok := h.claimNext(rt, idx)
+		next, ok := h.claimNext(rt, kr.pl, idx)
 		if !ok {
 			kr.hold = keys.Hold{}
 			e := h.errNoRoom(kr, rt, limit, now)

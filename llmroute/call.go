@@ -51,6 +51,7 @@ type call struct {
 	// holds no slot and the rule does not apply).
 	rt  *route
 	idx int
+	pl  *placing // the request's placement order of rt (nil: list order)
 
 	ctx    context.Context // request_timeout, the watchdog's cancel
 	cancel context.CancelFunc

@@ -213,6 +213,9 @@ type frontReq struct {
 	// token and the request duration count from it.
 	arrival time.Time
 	resume  bool // the model continues broken streams (resume.go)
+	// place is this request's placement of the model's pool members
+	// (place.go); nil when the model has no pool step.
+	place *placing
 	// attempts counts the request's exchanges with upstreams so far:
 	// failovers, same-upstream retries and continuations (X-LLM-Route-Attempts).
 	attempts int

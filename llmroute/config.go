@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"sort"
 	"strings"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/placement"
 )
 
 // Provider is a backend that speaks the OpenAI chat completions API: a base
@@ -220,13 +223,56 @@ type Upstream struct {
 	Prefill *bool `json:"prefill,omitempty"`
 }
 
+// Pool is a set of equivalent upstreams (the same real model on several
+// GPUs, accounts or regions) that a model names as one step of its chain;
+// its placement policy orders the members for each request.
+type Pool struct {
+	// ID names the pool; models name it in their upstreams. Unique among
+	// pools and upstreams.
+	ID string `json:"id"`
+
+	// Upstreams are the member upstream IDs, one or more. An upstream may
+	// belong to several pools and be named by models directly too; its
+	// slots and backoff are one.
+	Upstreams []string `json:"upstreams"`
+
+	// Placement orders the members for a request: "first" (list order),
+	// "least_busy" (ascending in-flight ÷ limit, idle equals in turn),
+	// "sticky" (weighted rendezvous hashing of the affinity key) or
+	// "cache_aware". Default: "least_busy".
+	Placement string `json:"placement,omitempty"`
+
+	// Weights are positive integers aligned with Upstreams, used by sticky:
+	// [90, 10] sends 90 % of the keys to the first member. Default: all 1.
+	Weights []int `json:"weights,omitempty"`
+
+	// AffinityKey is a placeholder expression (e.g.
+	// `{http.request.header.X-User-Id}`) whose value, when non-empty, is the
+	// request's affinity key before the client's session headers. Default:
+	// none.
+	AffinityKey string `json:"affinity_key,omitempty"`
+
+	// AffinityWait is how long a request waits for its pinned or warm
+	// member when that member is busy. Default 0: no wait.
+	AffinityWait *Duration `json:"affinity_wait,omitempty"`
+
+	// AffinityTTL is how long an affinity key's pin and the prompt index
+	// entries live. Default 1h.
+	AffinityTTL *Duration `json:"affinity_ttl,omitempty"`
+
+	// CacheThreshold (0–1) is the share of the prompt a member's index must
+	// hold for cache_aware to prefer it. Default 0.5.
+	CacheThreshold *float64 `json:"cache_threshold,omitempty"`
+}
+
 // Model is what clients ask for: a name and an ordered list of upstreams.
 type Model struct {
 	// Name is what the client sends as `model`. Unique among models.
 	Name string `json:"name"`
 
-	// Upstreams are upstream IDs in priority order: a request goes to the
-	// first one that is not cooling and has a free slot.
+	// Upstreams are upstream or pool IDs in priority order: a request goes
+	// to the first one that is not cooling and has a free slot; a pool's
+	// members are tried in its placement order for the request.
 	Upstreams []string `json:"upstreams"`
 
 	// Patch is deep-merged into the request body last (highest priority).
@@ -372,7 +418,7 @@ func entryName(e json.RawMessage) string {
 
 // validate checks ids, references and values, and names the offending entry
 // in every message. It does not resolve anything.
-func validateConfig(providers []Provider, upstreams []Upstream, models []Model) error {
+func validateConfig(providers []Provider, upstreams []Upstream, pools []Pool, models []Model) error {
 	var errs []string
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
 
@@ -439,6 +485,42 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		}
 	}
 
+	poolIDs := make(map[string]bool, len(pools))
+	for i, p := range pools {
+		where := namedEntry(bad, poolIDs, "pool", i, "id", p.ID)
+		if upstreamIDs[p.ID] {
+			bad("%s: id is also an upstream's", where)
+		}
+		if len(p.Upstreams) == 0 {
+			bad("%s: needs at least one upstream", where)
+		}
+		seen := make(map[string]bool, len(p.Upstreams))
+		for _, id := range p.Upstreams {
+			switch {
+			case !upstreamIDs[id]:
+				bad("%s: unknown upstream %q", where, id)
+			case seen[id]:
+				bad("%s: upstream %q listed twice", where, id)
+			}
+			seen[id] = true
+		}
+		if _, err := placement.ParsePolicy(p.Placement); err != nil {
+			bad("%s: placement: %v", where, err)
+		}
+		if len(p.Weights) > 0 && len(p.Weights) != len(p.Upstreams) {
+			bad("%s: weights: want one per upstream (%d), got %d", where, len(p.Upstreams), len(p.Weights))
+		}
+		for _, w := range p.Weights {
+			if w <= 0 || w > math.MaxUint32 {
+				bad("%s: weights must be positive integers, got %d", where, w)
+				break
+			}
+		}
+		if t := p.CacheThreshold; t != nil && !(*t >= 0 && *t <= 1) {
+			bad("%s: cache_threshold must be between 0 and 1, got %v", where, *t)
+		}
+	}
+
 	modelNames := make(map[string]bool, len(models))
 	for i, m := range models {
 		where := namedEntry(bad, modelNames, "model", i, "name", m.Name)
@@ -448,8 +530,8 @@ func validateConfig(providers []Provider, upstreams []Upstream, models []Model) 
 		seen := make(map[string]bool, len(m.Upstreams))
 		for _, id := range m.Upstreams {
 			switch {
-			case !upstreamIDs[id]:
-				bad("%s: unknown upstream %q", where, id)
+			case !upstreamIDs[id] && !poolIDs[id]:
+				bad("%s: unknown upstream or pool %q", where, id)
 			case seen[id]:
 				bad("%s: upstream %q listed twice", where, id)
 			}

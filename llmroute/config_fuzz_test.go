@@ -43,7 +43,7 @@ func FuzzJSONConfig(f *testing.F) {
 		if !bytes.Equal(again, third) {
 			t.Fatalf("round trip changed the config:\n%s\n%s", again, third)
 		}
-		if validateConfig(h.Providers, h.Upstreams, h.Models) != nil {
+		if validateConfig(h.Providers, h.Upstreams, h.Pools, h.Models) != nil {
 			return
 		}
 		h.logger = zap.NewNop()

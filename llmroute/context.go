@@ -78,7 +78,7 @@ func (c *call) contextRefusal() (attemptResult, int) {
 	if !isContextLength(c.peekBody()) {
 		return attemptResult{}, refusalNone
 	}
-	next, ok := claimFrom(c.rt, c.idx, time.Now(), c.h.logger)
+	next, ok := claimFrom(c.rt, c.pl, c.idx, time.Now(), c.h.logger)
 	if !ok {
 		return attemptResult{}, refusalLast
 	}

@@ -20,8 +20,10 @@
 //  2. The route table. route.go holds what a config compiles once at
 //     provision: the upstreams with every setting resolved, the models'
 //     routes, their per-API and per-size variants (apis.go, context.go),
-//     and the placement seam route.order, the order in which admission
-//     tries a route's targets (the configured order today). Provisioning
+//     and the pools a model's chain names (place.go): each request ranks
+//     a pool step's members once by the pool's placement policy (package
+//     placement) and walks route.orderFor, the order in which admission
+//     tries the route's targets for that request. Provisioning
 //     (provision.go) builds it; nothing on the request path calls back
 //     into provisioning.
 //  3. Admission. serve.go admits a request on its route: client keys and
@@ -76,7 +78,8 @@
 //  2. serveFront (serve.go): read and parse the body, the model's route for
 //     the front's API (route.go), the context fit (context.go), the key's
 //     rate and budget (budget.go).
-//  3. admit (serve.go) → claimFrom in route order (queue.go, route.go) →
+//  3. admit (serve.go) → claimFrom in the request's order (queue.go,
+//     place.go) →
 //     the ledger's claim (ledger/), or wait in the queue (queue.go).
 //  4. attempt (attempt.go) → exchangeRetrying (retry.go) → exchange.run
 //     (exchange.go): the codec's body (codec_<api>.go), one call

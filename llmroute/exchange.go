@@ -99,7 +99,7 @@ func (s *rewriteSink) end() error {
 
 // exchange does the HTTP work of an attempt.
 func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, fr *frontReq) attemptResult {
-	ex := &exchange{call: call{h: h, u: t.up, r: r, log: h.logger, stream: fr.stream, firstByte: t.up.firstByte, rt: fr.rt, idx: fr.idx},
+	ex := &exchange{call: call{h: h, u: t.up, r: r, log: h.logger, stream: fr.stream, firstByte: t.up.firstByte, rt: fr.rt, idx: fr.idx, pl: fr.place},
 		w: w, t: t, fr: *fr}
 	defer ex.out.clearDeadline()
 	res := ex.run(body)

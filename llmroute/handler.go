@@ -50,8 +50,12 @@ type Handler struct {
 	// Upstreams are real models at providers, each with a slot limit.
 	Upstreams []Upstream `json:"upstreams,omitempty"`
 
+	// Pools are sets of equivalent upstreams a model names as one step,
+	// each with a placement policy. Default: none.
+	Pools []Pool `json:"pools,omitempty"`
+
 	// Models are the client-visible model names, each an ordered list of
-	// upstreams.
+	// upstreams and pools.
 	Models []Model `json:"models,omitempty"`
 
 	// RequestTimeout bounds one whole upstream exchange, streaming included.

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
+	"github.com/llm-route/caddy-llm-route/llmroute/placement"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
@@ -45,7 +47,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
 	h.joinConfig(ctx)
-	if err := validateConfig(h.Providers, h.Upstreams, h.Models); err != nil {
+	if err := validateConfig(h.Providers, h.Upstreams, h.Pools, h.Models); err != nil {
 		return err
 	}
 	if h.MaxRequestBody < 0 {
@@ -130,6 +132,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.table.upstreams[u.ID] = u
 	}
 
+	h.table.pools = compilePools(h.Pools)
 	h.table.routes = make(map[string]*route, len(h.Models))
 	for _, m := range h.Models {
 		rt, err := h.compileRoute(m)
@@ -379,8 +382,8 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		rt.queueSize = *m.QueueSize
 	}
 	rt.queueTimeout = durationOr(defaultQueueTimeout, m.QueueTimeout, h.QueueTimeout)
-	for _, id := range m.Upstreams {
-		u := h.table.upstreams[id]
+	for _, ct := range h.chainUpstreams(m.Upstreams) {
+		u := ct.u
 		counters := make(map[string]prometheus.Counter, len(allResults))
 		for _, res := range allResults {
 			counters[res] = h.metrics.requests.WithLabelValues(m.Name, u.ID, u.Provider, res)
@@ -390,9 +393,49 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,
 			ReasoningEmptyOK: u.emptyOK,
-		}})
+		}, pool: ct.pool, step: ct.step, base: len(rt.targets), memberID: placement.HashString(u.ID), weight: ct.weight})
 	}
 	return rt, nil
+}
+
+// chainTarget is one upstream of a model's expanded chain.
+type chainTarget struct {
+	u      *upstream
+	pool   *pool // nil: named directly
+	step   int
+	weight uint32
+}
+
+// chainUpstreams expands a model's chain, upstream and pool ids, into its
+// upstreams: a pool's members in the pool's list order (a request reorders
+// them by placement). An upstream the chain reaches twice (in two pools,
+// or in a pool and named directly) is tried once, at its first place: its
+// slots and backoff are one anyway.
+func (h *Handler) chainUpstreams(ids []string) []chainTarget {
+	var out []chainTarget
+	add := func(ct chainTarget) {
+		for _, o := range out {
+			if o.u == ct.u {
+				return
+			}
+		}
+		out = append(out, ct)
+	}
+	for step, id := range ids {
+		if p := h.table.pools[id]; p != nil {
+			pc := h.Pools[slices.IndexFunc(h.Pools, func(pc Pool) bool { return pc.ID == id })]
+			for i, m := range pc.Upstreams {
+				w := uint32(1)
+				if len(pc.Weights) == len(pc.Upstreams) {
+					w = uint32(pc.Weights[i])
+				}
+				add(chainTarget{u: h.table.upstreams[m], pool: p, step: step, weight: w})
+			}
+			continue
+		}
+		add(chainTarget{u: h.table.upstreams[id], step: step, weight: 1})
+	}
+	return out
 }
 
 // dollarVar matches the original proxy's ${NAME} references.

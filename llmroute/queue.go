@@ -60,6 +60,7 @@ type scheduler struct {
 // waiter is one request in the scheduler's list.
 type waiter struct {
 	rt    *route
+	pl    *placing   // its own placement order (nil: the list order)
 	ready chan grant // its turn: a slot claimed for it, or none for a probe
 	elem  *list.Element
 	since time.Time // when it queued, for the status's oldest wait
@@ -116,7 +117,7 @@ func (s *scheduler) dispatchLocked() {
 			// Its ledger's renewal runs and dispatches when done; the
 			// waiters of other ledgers behind it still get their turn.
 		default:
-			g, res := grantFirst(w.rt, now)
+			g, res := grantFirst(w.rt, w.pl, now)
 			switch res {
 			case granted:
 				w.claiming = true
@@ -174,7 +175,7 @@ const (
 // upstream of rt with room, as claimFrom does, without the shared state's
 // part (grant.complete). It runs under the scheduler's lock, so it never
 // waits: a renewal that holds or awaits the ledger's lock defers rt's turn.
-func grantFirst(rt *route, now time.Time) (grant, int) {
+func grantFirst(rt *route, pl *placing, now time.Time) (grant, int) {
 	l := rt.ledger()
 	if l == nil {
 		return grant{idx: -1}, noSlot
@@ -183,7 +184,7 @@ func grantFirst(rt *route, now time.Time) (grant, int) {
 	if !ok {
 		return grant{idx: -1}, deferred
 	}
-	for _, i := range rt.order() {
+	for _, i := range rt.orderFor(pl) {
 		u := rt.targets[i].up
 		if u.Cooling(now) > 0 {
 			continue
@@ -207,7 +208,7 @@ func grantFirst(rt *route, now time.Time) (grant, int) {
 // goroutine. When the fleet has no room there, the later upstreams of the
 // route are tried in order, as claimFrom would have; it returns the target
 // claimed, or false with nothing held.
-func (g grant) complete(rt *route) (int, bool) {
+func (g grant) complete(rt *route, pl *placing) (int, bool) {
 	if !g.pinned {
 		return g.idx, true
 	}
@@ -215,7 +216,7 @@ func (g grant) complete(rt *route) (int, bool) {
 		return g.idx, true
 	}
 	rt.ledger().ReleaseLong(rt.targets[g.idx].long)
-	return claimFrom(rt, g.idx, time.Now(), nil)
+	return claimFrom(rt, pl, g.idx, time.Now(), nil)
 }
 
 // giveBack returns a grant its waiter did not take (it left meanwhile):
@@ -236,7 +237,7 @@ func (g grant) giveBack(rt *route) {
 func (s *scheduler) take(w *waiter, g grant) (int, bool) {
 	idx, ok := -1, false
 	if g.idx >= 0 {
-		idx, ok = g.complete(w.rt)
+		idx, ok = g.complete(w.rt, w.pl)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -257,8 +258,8 @@ func (s *scheduler) take(w *waiter, g grant) (int, bool) {
 // none, and no logger is also how a claim knows it is made for the queue
 // (whose rollbacks must not wake the queue: that waiter would be woken
 // again by its own failed claim).
-func claimFrom(rt *route, after int, now time.Time, log *zap.Logger) (int, bool) {
-	order := rt.order()
+func claimFrom(rt *route, pl *placing, after int, now time.Time, log *zap.Logger) (int, bool) {
+	order := rt.orderFor(pl)
 	if after >= 0 {
 		order = order[slices.Index(order, after)+1:]
 	}
@@ -347,7 +348,7 @@ func forEachQueue(f func(model string, depth int)) {
 // timeout passes, or the client leaves. A request of a model without a
 // queue, or whose queue is full, takes one turn after the earlier waiters
 // instead (a probe) and is refused if that turn finds no slot.
-func (h *Handler) wait(r *http.Request, rt *route) (int, *apiError) {
+func (h *Handler) wait(r *http.Request, rt *route, pl *placing) (int, *apiError) {
 	start := time.Now()
 	s := sched
 	// Waiting does not hide an outage: if everything is cooling and nothing
@@ -358,7 +359,7 @@ func (h *Handler) wait(r *http.Request, rt *route) (int, *apiError) {
 		return -1, h.reject(rt)
 	}
 	s.mu.Lock()
-	w := &waiter{rt: rt, ready: make(chan grant, 1), since: start, probe: s.depth[rt.name] >= rt.queueSize}
+	w := &waiter{rt: rt, pl: pl, ready: make(chan grant, 1), since: start, probe: s.depth[rt.name] >= rt.queueSize}
 	s.pushLocked(w)
 	s.dispatchLocked() // its turn, after the earlier waiters'
 	depth := s.depth[rt.name]

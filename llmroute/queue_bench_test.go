@@ -41,7 +41,7 @@ func BenchmarkAdmitRelease(b *testing.B) {
 			b.SetParallelism(8) // more goroutines than slots: waiters present
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					idx, err := h.admit(req, rt)
+					idx, err := h.admit(req, rt, nil)
 					if err != nil {
 						b.Error("admission failed: " + err.message + " " + strconv.Itoa(idx))
 						return

@@ -49,7 +49,7 @@ func enqueue(t *testing.T, h *Handler, ctx context.Context, rt *route, who strin
 	t.Helper()
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(ctx)
 	go func() {
-		idx, err := h.wait(r, rt)
+		idx, err := h.wait(r, rt, nil)
 		out <- waitResult{who, idx, err}
 	}()
 	waitFor(t, who+" queued", func() bool { return queueDepth(rt.name) == depth })
@@ -149,7 +149,7 @@ func TestSchedulerClaimsTheSlotForTheOldestWaiter(t *testing.T) {
 	}
 	// A queue-less request arriving now is refused, not served first.
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	if idx, err := h.admit(r, noQueue); err == nil {
+	if idx, err := h.admit(r, noQueue, nil); err == nil {
 		t.Fatalf("a newcomer was admitted (idx %d) while the slot was the waiter's", idx)
 	}
 	if got := next(t, out); got.who != "waiter" || got.err != nil {
@@ -158,7 +158,7 @@ func TestSchedulerClaimsTheSlotForTheOldestWaiter(t *testing.T) {
 	u.release()
 
 	// With a free slot and nobody waiting, admission is immediate.
-	idx, err := h.admit(r, noQueue)
+	idx, err := h.admit(r, noQueue, nil)
 	if err != nil || idx != 0 {
 		t.Fatalf("admit with a free slot: idx %d err %v", idx, err)
 	}
@@ -218,7 +218,7 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 		out := make(chan waitResult, 1)
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 		go func() {
-			idx, err := h.wait(r, timed)
+			idx, err := h.wait(r, timed, nil)
 			out <- waitResult{"timed", idx, err}
 		}()
 		got := next(t, out)
@@ -236,7 +236,7 @@ func TestSchedulerWaiterThatLeaves(t *testing.T) {
 		out := make(chan waitResult, 2)
 		enqueue(t, h, ctx, small, "first", 1, out)
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-		if _, err := h.wait(r, small); err == nil || err.code != errQueueFull.code {
+		if _, err := h.wait(r, small, nil); err == nil || err.code != errQueueFull.code {
 			t.Fatalf("second waiter of a queue of one: err %v, want queue full", err)
 		}
 		cancel()
@@ -318,7 +318,7 @@ func TestSchedulerTurnDeferredByRenewal(t *testing.T) {
 	mem.release()
 	go func() {
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-		idx, err := h.admit(r, noQueue)
+		idx, err := h.admit(r, noQueue, nil)
 		out <- waitResult{"no-queue", idx, err}
 	}()
 	waitFor(t, "the queue-less request in line", func() bool { return sched.waiting.Load() == 2 })

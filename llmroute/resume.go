@@ -116,7 +116,7 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 	for after := idx; ; {
 		j, ok := next, next > 0
 		if !ok {
-			j, ok = h.claimNext(rt, after)
+			j, ok = h.claimNext(rt, fr.place, after)
 		}
 		if !ok {
 			c.fail(rt.name, "", "no_upstream")
@@ -280,7 +280,7 @@ func (c *continuation) try(r *http.Request, rt *route, j int, body []byte, fr *f
 		}
 		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}, contNext
 	}
-	cl := call{h: h, u: u, r: r, log: h.logger, stream: true, firstByte: u.firstByte, rt: rt, idx: j}
+	cl := call{h: h, u: u, r: r, log: h.logger, stream: true, firstByte: u.firstByte, rt: rt, idx: j, pl: fr.place}
 	cl.open(h.attemptContext(r.Context()))
 	defer cl.close()
 	ex.out.restart(cl.limit(), h.heartbeat, ex.plainSSE) // keepalives while this upstream thinks

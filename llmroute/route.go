@@ -21,6 +21,7 @@ import (
 // routeTable is one config's compiled routing.
 type routeTable struct {
 	upstreams map[string]*upstream
+	pools     map[string]*pool
 	routes    map[string]*route
 	// apiRoutes[api] are the models' routes restricted to the upstreams
 	// that can serve api (apiSet.canServe): a chat request never goes to
@@ -121,6 +122,14 @@ type target struct {
 	// bound the same way; bound series also keep a request that ends on a
 	// removed upstream from bringing its pruned series back.
 	series targetSeries
+	// pool is the pool of the chain step the target belongs to, nil for
+	// an upstream named directly; step is that step's position in the
+	// model's chain and base the target's index in the model's full
+	// route (route variants copy targets, so both hold in every variant).
+	pool       *pool
+	step, base int
+	memberID   uint64 // placement.HashString of the upstream id
+	weight     uint32 // the member's sticky weight in its pool
 }
 
 // ledger returns the ledger the route's upstreams count in (all of one
@@ -147,11 +156,9 @@ type route struct {
 	budgetOf *route
 }
 
-// order is the placement seam: the order in which admission tries a
-// route's targets, as indexes into rt.targets. Every claim walks it
-// (claimFrom, grantFirst), and a failover goes on after the failed
-// target's position in it. Today it is the configured list order, the
-// same for every request; a placement policy returns another permutation.
+// order is the configured list order of a route's targets, as indexes
+// into rt.targets: the order of a route without pool steps. A request
+// walks orderFor (place.go), which ranks pool steps per request.
 func (rt *route) order() []int {
 	n := len(rt.targets)
 	if n <= len(listOrder) {

@@ -130,22 +130,27 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		}
 		rt = fit
 	}
+	// Pool steps are ranked once per request, over the model's full route
+	// (every variant keeps its targets' place in it).
+	fr.session = fr.codec.session(r)
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	fr.place = placeRequest(h.table.routes[model], r, repl, time.Now())
+	defer donePlacing(fr.place)
 	var kr *keyReq
 	if key != nil {
 		if kr = h.admitKey(w, r, f, key, rt, body); kr == nil {
 			return nil
 		}
-		rt = kr.rt         // only the upstreams its budget has room for
+		rt = kr.rt // only the upstreams its budget has room for
+		kr.pl = fr.place
 		defer kr.release() // a reservation an aborted attempt left
 	}
-	fr.session = fr.codec.session(r)
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
 		repl.Set("http.llm_route.model", rt.nameAny)
 	}
 
 	admitStart := time.Now()
-	idx, apiErr := h.admit(r, rt)
+	idx, apiErr := h.admit(r, rt, fr.place)
 	queued := time.Since(admitStart)
 	if apiErr != nil {
 		if apiErr == errClientGone {
@@ -205,7 +210,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		failures = append(failures, attemptRecord{upstream: t.up.ID, result: res.result, status: res.status})
 		next, ok := res.next, res.next > 0 // claimed by a context-length failover
 		if !ok {
-			next, ok = h.claimNext(rt, idx)
+			next, ok = h.claimNext(rt, fr.place, idx)
 		}
 		if ok && kr != nil {
 			if next, apiErr = h.reserveAttempt(kr, rt, next); apiErr != nil {
@@ -295,9 +300,9 @@ func (a attemptLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 // admit takes a slot on the first upstream of the model, in order, that is
 // not cooling and has a free slot, waiting in the model's queue if it has
 // one. It returns the index of the claimed target.
-func (h *Handler) admit(r *http.Request, rt *route) (int, *apiError) {
+func (h *Handler) admit(r *http.Request, rt *route, pl *placing) (int, *apiError) {
 	if sched.waiting.Load() == 0 {
-		if idx, ok := h.claimNext(rt, -1); ok {
+		if idx, ok := h.claimNext(rt, pl, -1); ok {
 			if rt.queueSize > 0 {
 				h.observeWait(rt, "admitted", 0)
 			}
@@ -306,14 +311,14 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, *apiError) {
 	}
 	// Through the scheduler, so earlier waiters of any model keep their
 	// turn (a model without a queue takes one turn and no more).
-	return h.wait(r, rt)
+	return h.wait(r, rt, pl)
 }
 
 // claimNext claims a slot on the first eligible target after target index
 // after (-1: the first) in the route's order, logging skipped and accepted
 // upstreams.
-func (h *Handler) claimNext(rt *route, after int) (int, bool) {
-	return claimFrom(rt, after, time.Now(), h.logger)
+func (h *Handler) claimNext(rt *route, pl *placing, after int) (int, bool) {
+	return claimFrom(rt, pl, after, time.Now(), h.logger)
 }
 
 // reject builds the 503 for a model with no free upstream: cooling (with

@@ -446,7 +446,11 @@ func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
 	ex.QueueDepth = queueDepths()[rt.name]
 	allCooling, allContext, served := true, len(rt.targets) > 0, 0
 	long := tokens != nil && rt.sizes.threshold > 0 && *tokens > int64(rt.sizes.threshold)
-	for _, i := range rt.order() {
+	// Pool members in a placement made now for a request without an
+	// affinity key.
+	pl := placeRequest(rt, nil, nil, now)
+	defer donePlacing(pl)
+	for _, i := range rt.orderFor(pl) {
 		u := rt.targets[i].up
 		v := upstreamVerdict{ID: u.ID}
 		if u.apis.canServe(a) {
