@@ -269,11 +269,11 @@ func rendezvous(key uint64, m *Member) float64 {
 
 // cacheAware: the pinned member, else the warm one, else least busy. A
 // new session (a key with no pin) goes warm only to a member that holds
-// no more sessions than the least-pinned claimable one, and otherwise to
-// the least busy member with the fewest sessions: a prefix every member
-// will soon hold (a shared system prompt) must not gather every new
-// session on the first member that served one, while each session's own
-// turns stay where its history is.
+// at most one session more than the least-pinned claimable one, and
+// otherwise to the least busy member with the fewest sessions: a prefix
+// every member will soon hold (a shared system prompt) must not gather
+// every new session on the first member that served one, while each
+// session's own turns stay where its history is.
 func (p *Pool) cacheAware(ms []Member, req Request, order []int, reasons []Reason) Decision {
 	d := Decision{Member: -1}
 	n := len(ms)
@@ -336,11 +336,11 @@ func less(ms []Member, sessions []int, a, b int) bool {
 	return la < lb || la == lb && sessions[a] < sessions[b]
 }
 
-// crowded: member m holds more sessions than the least-pinned member that
-// can take a request (not cooling).
+// crowded: member m holds two sessions or more than the least-pinned
+// member that can take a request (not cooling).
 func crowded(ms []Member, sessions []int, m int) bool {
 	for i := range ms {
-		if !ms[i].Cooling && sessions[i] < sessions[m] {
+		if !ms[i].Cooling && sessions[i]+1 < sessions[m] {
 			return true
 		}
 	}
