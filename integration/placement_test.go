@@ -208,6 +208,23 @@ func TestCacheAwareKeepsEachConversationOnItsMember(t *testing.T) {
 			if n := p.metric("llm_proxy_placements_total", "pool", "gpus", "upstream", home["c0"], "reason", "pinned"); n < 4 {
 				t.Errorf("llm_proxy_placements_total pinned for %s = %v, want c0's 4 later turns at least", home["c0"], n)
 			}
+			// The completion log names the placement and only a hash of
+			// the session.
+			pinned := 0
+			for _, e := range p.logEntries("request completed") {
+				if e["placement"] == "cache_aware pinned" {
+					pinned++
+				}
+				if a, _ := e["affinity"].(string); len(a) != 8 {
+					t.Errorf("completion log affinity %q, want an 8-digit hash", a)
+				}
+			}
+			if pinned != 32 {
+				t.Errorf("%d completion log lines say cache_aware pinned, want 32", pinned)
+			}
+			if strings.Contains(p.logs(), "s-c0") {
+				t.Error("the log holds a session key")
+			}
 		})
 	}
 }

@@ -245,6 +245,10 @@ type placing struct {
 	hasKey, keyDone bool
 	// waited is how long the request waited for its warm member.
 	waited time.Duration
+	// placed is the X-LLM-Route-Placement of the target last sent (its
+	// base in placedAt), for the completion log.
+	placed   string
+	placedAt int
 }
 
 var placings = sync.Pool{New: func() any { return new(placing) }}
@@ -492,8 +496,9 @@ func (pl *placing) sent(hdr http.Header, t *target, now time.Time) {
 		p.counters[t.member][kind].Inc()
 		p.state.members[t.member].placed[kind].Add(1)
 	}
+	pl.placed, pl.placedAt = placementHeader(p.policy, reason, kind, pl.waited), t.base
 	if hdr != nil {
-		hdr[hdrRoutePlacement] = []string{placementHeader(p.policy, reason, kind, pl.waited)}
+		hdr[hdrRoutePlacement] = []string{pl.placed}
 	}
 	if p.policy != placement.CacheAware {
 		return
@@ -503,6 +508,19 @@ func (pl *placing) sent(hdr http.Header, t *target, now time.Time) {
 	if sp.hasKey {
 		x.Pin(sp.key, t.member, now)
 	}
+}
+
+// logged is what the completion log says of t's placement: the
+// placement and the affinity key's short hash ("" outside a pool).
+func (pl *placing) logged(t *target) (placed, affinity string) {
+	sp := pl.stepOf(t)
+	if sp == nil || pl.placedAt != t.base || pl.placed == "" {
+		return "", ""
+	}
+	if sp.hasKey {
+		affinity = shortHash(sp.key)
+	}
+	return pl.placed, affinity
 }
 
 // placementHeader is X-LLM-Route-Placement's value: the policy and the
