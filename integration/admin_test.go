@@ -185,6 +185,8 @@ func startVisibility(t *testing.T, next ...func(*proxy) any) *visibility {
 			obj("name", "own", "upstreams", []string{"own"}),
 			obj("name", "mixed", "upstreams", []string{"limited", "held", "free"}),
 		},
+		// A pool no model names yet: the status and the page list it.
+		"pools", []map[string]any{obj("id", "pair", "upstreams", []string{"free", "own"})},
 	)
 	v.p = startProxy(t, handler)
 	if len(next) > 0 {

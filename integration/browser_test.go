@@ -197,6 +197,10 @@ func TestStatusPageInHeadlessChromium(t *testing.T) {
 	if s := text(`tr[data-model="chat"] td.queue`); s != "0 waiting (of 2)" {
 		t.Errorf("chat queue = %q", s)
 	}
+	if s := text(`tr[data-pool="pair"][data-member="free"]`); !strings.Contains(s, "pair (least_busy)") ||
+		!strings.Contains(s, "0/2") || !strings.Contains(s, "none") || !strings.Contains(s, "—") {
+		t.Errorf("pool row of free = %q, want pair (least_busy), 0/2 in flight, no placements, no cached ratio", s)
+	}
 	first := text(`tr[data-upstream="limited"] td.cooling`)
 	m := countdown.FindStringSubmatch(first)
 	if m == nil {

@@ -225,6 +225,16 @@ func TestCacheAwareKeepsEachConversationOnItsMember(t *testing.T) {
 			if strings.Contains(p.logs(), "s-c0") {
 				t.Error("the log holds a session key")
 			}
+			// The status page, as rendered on the server.
+			resp, err := testClient.Get(p.admin + "/llm_route/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			page := readAll(t, resp)
+			if !strings.Contains(page, `<td class="pool">gpus (cache_aware)</td>`) || !strings.Contains(page, `<td class="placements">least_busy `) ||
+				!strings.Contains(page, ", pinned ") || !strings.Contains(page, ` %</td>`) {
+				t.Errorf("the status page does not show the pool's placements and cached ratio:\n%s", page)
+			}
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -71,6 +72,10 @@ var (
 		"failure":  failureText,
 		"probe":    probeText,
 		"oldest":   oldestText,
+		// pools
+		"memberSlots": memberSlotsText,
+		"placements":  placementsText,
+		"cachedRatio": cachedRatioText,
 	}).Parse(pageHTML))
 )
 
@@ -270,3 +275,38 @@ func oldestText(ms modelStatus) string {
 
 // Interface guards
 var _ caddy.AdminRouter = adminAPI{}
+
+// memberSlotsText is a pool member's "in use/limit".
+func memberSlotsText(m memberStatus) string {
+	if m.Limit == nil {
+		return strconv.FormatInt(m.Inflight, 10) + "/∞"
+	}
+	return strconv.FormatInt(m.Inflight, 10) + "/" + strconv.FormatInt(*m.Limit, 10)
+}
+
+// placementsText lists a member's placements by reason in a fixed order:
+// "pinned 12, warm 3, least_busy 5"; "none" before the first.
+func placementsText(m memberStatus) string {
+	var b strings.Builder
+	for _, r := range reasonNames[1:] {
+		if n := m.Placements[r]; n > 0 {
+			if b.Len() > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(r + " " + strconv.FormatInt(n, 10))
+		}
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
+}
+
+// cachedRatioText is the member's realised cached ratio as a percentage,
+// "—" when no answer reported one.
+func cachedRatioText(m memberStatus) string {
+	if m.CachedRatio == nil {
+		return "—"
+	}
+	return strconv.Itoa(int(math.Round(*m.CachedRatio*100))) + " %"
+}

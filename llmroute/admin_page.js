@@ -76,6 +76,26 @@
     return tr;
   }
 
+  const reasons = ["first", "least_busy", "weighted", "pinned", "warm", "cold", "waited"];
+
+  function poolRows(pools) {
+    const rows = [];
+    for (const p of pools || []) {
+      for (const m of p.members) {
+        const tr = el("tr");
+        tr.dataset.pool = p.id;
+        tr.dataset.member = m.upstream;
+        const placed = reasons.filter((r) => m.placements[r] > 0).map((r) => r + " " + m.placements[r]).join(", ") || "none";
+        const cached = m.cached_ratio === null ? "\u2014" : Math.round(m.cached_ratio * 100) + " %";
+        tr.append(el("td", "pool", p.id + " (" + p.placement + ")"), el("td", "member", m.upstream),
+          el("td", "inflight", m.inflight + "/" + (m.limit === null ? "\u221e" : m.limit)),
+          el("td", "placements", placed), el("td", "cached", cached));
+        rows.push(tr);
+      }
+    }
+    return rows;
+  }
+
   function providerRow(p) {
     const tr = el("tr");
     tr.dataset.provider = p.id;
@@ -99,6 +119,7 @@
     if (!snap) return;
     fill("upstreams", snap.upstreams.map(upstreamRow), "no llm_route handler is running");
     fill("models", snap.models.map(modelRow));
+    fill("pools", poolRows(snap.pools), "no pools");
     fill("providers", snap.providers.map(providerRow));
     document.getElementById("sessions").textContent = String(snap.sessions);
     document.getElementById("loaded").textContent = when(snap.config_loaded_at);
