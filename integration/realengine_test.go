@@ -202,17 +202,13 @@ func (s *agentSession) words(n int) string {
 	return b.String()
 }
 
-// turn sends the session's history, streaming, and records when the first
-// token came and who served it; the reply and a tool result join the
-// history.
-func (s *agentSession) turn(t *testing.T, p *proxy, withHeader bool) agentTurn {
+// turn sends the session's history, streaming, with the request headers
+// hdr (name, value, …), and records when the first token came and who
+// served it; the reply and a tool result join the history.
+func (s *agentSession) turn(t *testing.T, p *proxy, hdr ...string) agentTurn {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"model": "agent", "messages": s.messages, "stream": true,
 		"max_tokens": 16, "stream_options": map[string]any{"include_usage": true}})
-	var hdr []string
-	if withHeader {
-		hdr = []string{"X-Session-Affinity", s.id}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -284,8 +280,13 @@ func median(ds []time.Duration) time.Duration {
 // session's previous turn, which still holds the conversation in its KV
 // cache, and its first token comes far sooner than under least_busy, which
 // sends the turn wherever it is next in rotation, to an instance whose cache
-// holds another conversation. cache_aware is run twice: with the client's
-// session header, and without any (the prompt's prefix decides).
+// holds another conversation. Ollama reports no cached tokens, so the time
+// to the first token is the only evidence of a warm cache.
+//
+// cache_aware runs three times: with the client's session header (pinned),
+// with none (the session id hashed from the conversation pins it), and
+// with a key never seen before on every turn, so only the prefix index of
+// what was sent to each instance can find the warm one.
 //
 // One turn is in flight at a time (each session's think time spans the
 // other sessions' turns), so every instance is free when a turn arrives:
@@ -328,14 +329,18 @@ func TestRealEngineCacheAwareKeepsSessionsWarm(t *testing.T) {
 		ups = append(ups, obj("id", id, "provider", "ollama"+id[3:], "model", "agent", "max_concurrency", 1))
 		ids = append(ids, id)
 	}
-	handler := func(placement string) map[string]any {
+	handler := func(placement, affinityKey string) map[string]any {
+		pool := obj("id", "gpus", "upstreams", ids, "placement", placement)
+		if affinityKey != "" {
+			pool["affinity_key"] = affinityKey
+		}
 		return cfg(provs, ups, []map[string]any{obj("name", "agent", "upstreams", []string{"gpus"})},
-			"pools", []map[string]any{obj("id", "gpus", "upstreams", ids, "placement", placement)})
+			"pools", []map[string]any{pool})
 	}
 
 	const sessions, turns = 3, 4
 	system := (&agentSession{rng: rand.New(rand.NewPCG(7, 7))}).words(60)
-	run := func(p *proxy, seed uint64, withHeader bool) []agentTurn {
+	run := func(p *proxy, seed uint64, hdr func(s *agentSession, turn int) []string) []agentTurn {
 		ss := make([]*agentSession, sessions)
 		for i := range ss {
 			s := &agentSession{id: fmt.Sprintf("run%d-agent%d", seed, i), rng: rand.New(rand.NewPCG(seed, uint64(i)))}
@@ -349,7 +354,7 @@ func TestRealEngineCacheAwareKeepsSessionsWarm(t *testing.T) {
 		for turn := 0; turn < turns; turn++ {
 			for j := 0; j < sessions; j++ {
 				i := (turn + j) % sessions // a rotating order: who speaks first changes every round
-				r := ss[i].turn(t, p, withHeader)
+				r := ss[i].turn(t, p, hdr(ss[i], turn)...)
 				r.session, r.turn = i, turn
 				out = append(out, r)
 				time.Sleep(300 * time.Millisecond) // the agent runs its tools
@@ -365,29 +370,44 @@ func TestRealEngineCacheAwareKeepsSessionsWarm(t *testing.T) {
 		moved  int             // later turns served elsewhere than the session's previous turn
 		firsts []string        // the members first turns went to
 	}
+	sessionHeader := func(s *agentSession, _ int) []string { return []string{"X-Session-Affinity", s.id} }
 	var p *proxy
 	var results []result
 	for i, c := range []struct {
 		name, placement string
-		header          bool
+		affinityKey     string // the pool's affinity_key
+		hdr             func(s *agentSession, turn int) []string
+		// reason is how the later turns' X-LLM-Route-Placement begins.
+		reason string
 	}{
-		{"least_busy", "least_busy", true},
-		{"cache_aware", "cache_aware", true},
-		{"cache_aware, no session header", "cache_aware", false},
+		{"least_busy", "least_busy", "", sessionHeader, "least_busy"},
+		{"cache_aware", "cache_aware", "", sessionHeader, "cache_aware pinned"},
+		// The session id the proxy hashes from the conversation pins it.
+		{"cache_aware, no session header", "cache_aware", "", func(*agentSession, int) []string { return nil }, "cache_aware pinned"},
+		// A key never seen before on every turn: only the prefix index of
+		// the prompts sent to each instance can find the warm one.
+		{"cache_aware, prefix index only", "cache_aware", "{http.request.header.X-Turn-Id}",
+			func(s *agentSession, turn int) []string {
+				return []string{"X-Turn-Id", fmt.Sprintf("%s-turn%d", s.id, turn)}
+			},
+			"cache_aware warm "},
 	} {
 		if p == nil {
-			p = startProxy(t, handler(c.placement))
+			p = startProxy(t, handler(c.placement, c.affinityKey))
 		} else {
-			p.load(handler(c.placement))
+			p.load(handler(c.placement, c.affinityKey))
 		}
 		started := time.Now()
-		res := result{name: c.name, turns: run(p, uint64(100+i), c.header)}
+		res := result{name: c.name, turns: run(p, uint64(100+i), c.hdr)}
 		last := map[int]string{}
 		for _, r := range res.turns {
 			if r.turn == 0 {
 				res.firsts = append(res.firsts, r.upstream)
 			} else {
 				res.later = append(res.later, r.ttft)
+				if !strings.HasPrefix(r.placement, c.reason) {
+					t.Errorf("%s: agent%d turn %d placed as %q, want %q…", c.name, r.session, r.turn, r.placement, c.reason)
+				}
 				if r.upstream != last[r.session] {
 					res.moved++
 				}
@@ -397,7 +417,7 @@ func TestRealEngineCacheAwareKeepsSessionsWarm(t *testing.T) {
 		results = append(results, res)
 		var log strings.Builder
 		for _, r := range res.turns {
-			fmt.Fprintf(&log, "\n  agent%d turn %d  %4d prompt tokens  %-5s %-16q first token %6.2fs  done %6.2fs",
+			fmt.Fprintf(&log, "\n  agent%d turn %d  %4d prompt tokens  %-5s %-24q first token %6.2fs  done %6.2fs",
 				r.session, r.turn, r.promptTokens, r.upstream, r.placement, r.ttft.Seconds(), r.duration.Seconds())
 		}
 		t.Logf("%s (%v): later turns' first token median %.2fs, sum %.1fs; %d of %d later turns moved; first turns on %v%s",
