@@ -12,7 +12,7 @@
 #   gcc           -race needs cgo, so a C compiler
 #   Ollama        the real-engine tests (integration/realengine_test.go) run
 #                 a real Ollama, which integration/realup/build.sh builds once
-#                 from the Go module proxy (3-4 min; then it is kept in the
+#                 from the Go module proxy (3-7 min; then it is kept in the
 #                 user cache folder); the build needs g++, nlohmann-json3-dev
 #                 and libstb-dev. Skipped when no package argument includes
 #                 ./integration/, or when LLMROUTE_OLLAMA names a binary.

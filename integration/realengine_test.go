@@ -50,7 +50,7 @@ func ollamaBinary(t testing.TB) string {
 		bin = filepath.Join(dir, "ollama")
 	}
 	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("Ollama %s is not built (%v): run integration/realup/build.sh (./test.sh runs it; 3-4 min, "+
+		t.Fatalf("Ollama %s is not built (%v): run integration/realup/build.sh (./test.sh runs it; 3-7 min, "+
 			"needs g++, nlohmann-json3-dev and libstb-dev), or set LLMROUTE_OLLAMA to an ollama %s binary",
 			ollamaVersion, err, ollamaVersion)
 	}

@@ -9,9 +9,9 @@
 #
 # The binary goes to $LLMROUTE_OLLAMA_DIR, by default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/llm-route/ollama-<version>/ (the tests
-# look there, or at $LLMROUTE_OLLAMA). A first build takes 3-4 min on two
-# cores (cgo compiles llama.cpp and ggml); the Go build cache makes a
-# rebuild quick.
+# look there, or at $LLMROUTE_OLLAMA). A first build (cgo compiles
+# llama.cpp and ggml) with an empty Go build cache took 3 min on a quiet
+# two-core machine and 7 min on a busy one.
 #
 # Needs Go, a C and C++ compiler, and Debian's nlohmann-json3-dev and
 # libstb-dev: `go install github.com/ollama/ollama@v0.17.4` alone fails,
@@ -45,7 +45,7 @@ fi
 
 mkdir -p "$DIR"
 LOG="$DIR/build.log"
-echo "== building github.com/ollama/ollama@$VER into $DIR (3-4 min; log $LOG)" >&2
+echo "== building github.com/ollama/ollama@$VER into $DIR (3-7 min; log $LOG)" >&2
 start=$(date +%s)
 # Outside any module, with GOFLAGS of its own: the caller's (-race, -mod=vendor,
 # a test's -tags) must not reach this build. -X sets the version the binary
