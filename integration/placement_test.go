@@ -496,3 +496,39 @@ func TestCacheAwarePinsRecordedClientSessions(t *testing.T) {
 		})
 	}
 }
+
+// Two Caddy processes on one Redis: a conversation whose turns alternate
+// between them stays on one member (the pin is shared; each process's
+// prefix index is its own).
+func TestCacheAwarePinSharedThroughRedis(t *testing.T) {
+	rs := startRedis(t)
+	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	var provs, ups []map[string]any
+	for i, s := range servers {
+		id := fmt.Sprintf("g%d", i)
+		provs = append(provs, obj("id", "p"+id, "url", s.base()))
+		ups = append(ups, obj("id", id, "provider", "p"+id, "model", "x", "max_concurrency", 2))
+	}
+	conf := cfg(provs, ups, []map[string]any{obj("name", "m", "upstreams", []string{"gpus"})},
+		"pools", []map[string]any{obj("id", "gpus", "upstreams", []string{"g0", "g1", "g2"}, "placement", "cache_aware")},
+		"state", obj("backend", "redis", "address", rs.addr, "prefix", "pin:"))
+	a, b := startInstance(t, conf), startInstance(t, conf)
+	waitHealthy(t, a, true)
+	waitHealthy(t, b, true)
+	for _, c := range []*conversation{newConversation("r1", "You are a careful coding agent."), newConversation("r2", "You are a careful coding agent.")} {
+		hdr := []string{"X-Session-Affinity", "s-" + c.id}
+		home := ""
+		for turn := range 6 {
+			in := a.proxy
+			if turn%2 == 1 {
+				in = b.proxy
+			}
+			got, placed := send(t, in, c.next(turn, ""), hdr...)
+			if turn == 0 {
+				home = got
+			} else if got != home || placed != "cache_aware pinned" {
+				t.Errorf("%s turn %d on instance %d: %s (%s), want pinned to %s", c.id, turn, turn%2, got, placed, home)
+			}
+		}
+	}
+}

@@ -199,6 +199,8 @@ type placeInput struct {
 	led   ledger.Ledger   // the handler's: shared pins, the session registry
 	key   string          // an affinity key given outright (explain's session=)
 	now   time.Time
+	// explain: rank without moving any rotation (status.go's explain)
+	explain bool
 }
 
 // stepPlace is one pool step's placement for a request.
@@ -303,7 +305,7 @@ func (pl *placing) placeStep(ts []target, p *pool, in *placeInput) {
 		pl.nsteps++
 		*sp = stepPlace{pool: p, step: ts[0].step, warm: -1}
 	}
-	req := placement.Request{Now: in.now}
+	req := placement.Request{Now: in.now, Peek: in.explain}
 	pp := &p.place
 	if sp != nil && (p.policy == placement.Sticky || p.policy == placement.CacheAware) {
 		sp.key, sp.hasKey = pl.keyFor(p, in)
