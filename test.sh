@@ -10,6 +10,12 @@
 #                 (LLMROUTE_NO_BROWSER=1 skips that one test; LLMROUTE_CHROMIUM
 #                 names another Chrome/Chromium binary)
 #   gcc           -race needs cgo, so a C compiler
+#   Ollama        the real-engine tests (integration/realengine_test.go) run
+#                 a real Ollama, which integration/realup/build.sh builds once
+#                 from the Go module proxy (3-7 min; then it is kept in the
+#                 user cache folder); the build needs g++, nlohmann-json3-dev
+#                 and libstb-dev. Skipped when no package argument includes
+#                 ./integration/, or when LLMROUTE_OLLAMA names a binary.
 # On Debian and Ubuntu they are installed with apt-get (through sudo when not
 # root); elsewhere the script names the packages to install and stops.
 #
@@ -42,10 +48,38 @@ have_cc() {
   command -v "${cc%% *}" >/dev/null
 }
 
+# Any package argument replaces the default ./... .
+pkgs=(./...)
+named=()
+for a in "$@"; do
+  case "$a" in
+    ./* | ../* | all | std | */...) named+=("$a") ;;
+  esac
+done
+engine=1 # whether the packages tested include ./integration/
+if [ "${#named[@]}" -gt 0 ]; then
+  pkgs=()
+  engine=0
+  for a in "${named[@]}"; do
+    case "$a" in
+      ./... | all | ./integration | ./integration/ | ./integration/...) engine=1 ;;
+    esac
+  done
+fi
+build_engine=0
+if [ "$engine" = 1 ] && [ -z "${LLMROUTE_OLLAMA:-}" ] && ! integration/realup/build.sh --check >/dev/null; then
+  build_engine=1
+fi
+
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 [ "${LLMROUTE_NO_BROWSER:-}" = "1" ] || have_browser || missing+=(chromium)
 have_cc || missing+=(gcc)
+if [ "$build_engine" = 1 ]; then
+  command -v g++ >/dev/null || missing+=(g++)
+  [ -f /usr/include/nlohmann/json_fwd.hpp ] || missing+=(nlohmann-json3-dev)
+  [ -f /usr/include/stb/stb_image.h ] || missing+=(libstb-dev)
+fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null; then
@@ -62,7 +96,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
   else
     echo "test.sh: missing ${missing[*]}. Install them with your package manager" >&2
-    echo "  (the packages are usually named redis / redis-server, chromium, gcc;" >&2
+    echo "  (the packages are usually named redis / redis-server, chromium, gcc, g++, nlohmann-json, stb;" >&2
     echo "  Fedora: sudo dnf install redis chromium gcc; macOS: brew install redis and Chrome," >&2
     echo "  then LLMROUTE_CHROMIUM=/path/to/chrome), or set LLMROUTE_NO_BROWSER=1 to skip the browser test," >&2
     echo "  and run ./test.sh again." >&2
@@ -76,13 +110,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
-# Any package argument replaces the default ./... .
-pkgs=(./...)
-for a in "$@"; do
-  case "$a" in
-    ./* | ../* | all | std | */...) pkgs=() ;;
-  esac
-done
+if [ "$build_engine" = 1 ]; then
+  integration/realup/build.sh >/dev/null
+fi
 
 echo "== go test -race -count=1 $* ${pkgs[*]}" >&2
 exec go test -race -count=1 "$@" ${pkgs[@]+"${pkgs[@]}"}
