@@ -6,12 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"html/template"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 )
 
 func init() {
@@ -24,8 +27,11 @@ func init() {
 //
 //   - GET /llm_route/status — JSON snapshot of every upstream, provider and
 //     model of every running llm_route handler;
-//   - GET /llm_route/explain?model=M[&tokens=N][&api=A] — where a request for M would
-//     go now and why, per upstream;
+//   - GET /llm_route/explain?model=M[&tokens=N][&api=A][&session=S] — where a
+//     request for M would go now and why, per upstream (pool members with
+//     their placement rank and reason, for the affinity key S); POST with a
+//     request body of the API explains that request (its model, prompt and
+//     affinity key);
 //   - GET /llm_route/ — an HTML status page, rendered with the snapshot and
 //     refreshed by its script every second.
 //
@@ -79,12 +85,35 @@ func (adminAPI) handleStatus(w http.ResponseWriter, r *http.Request) error {
 	return writeAdminJSON(w, snapshot(time.Now()))
 }
 
+// maxExplainBody bounds a POSTed explain body: a long agent conversation.
+const maxExplainBody = 32 << 20
+
 func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
-	if err := onlyGet(r); err != nil {
+	var body []byte
+	if r.Method == http.MethodPost {
+		var err error
+		if body, err = io.ReadAll(io.LimitReader(r.Body, maxExplainBody+1)); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		if len(body) > maxExplainBody {
+			errTooLarge(maxExplainBody).write(w)
+			return nil
+		}
+	} else if err := onlyGet(r); err != nil {
 		return err
 	}
 	q := r.URL.Query()
 	name := q.Get("model")
+	if body != nil {
+		model, _, err := transform.ParseRequest(body)
+		switch {
+		case err != nil && !errors.Is(err, transform.ErrNoModel):
+			errBadJSON.write(w)
+			return nil
+		case name == "":
+			name = model
+		}
+	}
 	if name == "" {
 		apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "missing_model",
 			message: "explain needs ?model=NAME"}.write(w)
@@ -119,7 +148,11 @@ func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
 		errUnknownModel(name).write(w)
 		return nil
 	}
-	return writeAdminJSON(w, explain(rt, a, tokens, time.Now()))
+	in := &placeInput{body: body, codec: codecs[a], led: rt.ledger(), key: q.Get("session"), now: time.Now()}
+	if body != nil {
+		in.r = r // the session headers sent with it
+	}
+	return writeAdminJSON(w, explain(rt, a, tokens, in))
 }
 
 // handlePage serves the status page and its two assets; anything else under

@@ -63,6 +63,12 @@ type codec interface {
 	// continued, "" when nothing in the request forbids it.
 	notResumable(body []byte) string
 
+	// prompt says where a request keeps its prompt and the client's own
+	// affinity key (place.go): cache_aware hashes the prompt's members in
+	// order into its prefix index, and a pool keys a session by the
+	// affinity key when no session header names it.
+	prompt() *promptShape
+
 	// shape is how an event stream of the API, passed through as a native
 	// upstream sent it, ends and takes the proxy's final error event.
 	shape() *streamShape
@@ -282,8 +288,13 @@ func (nativeOnly) session(r *http.Request) string { return clientSession(r) }
 func (nativeOnly) sessionID(ids ledger.Ledger, _, out []byte, _ translation) string {
 	return ids.SessionID(out)
 }
-func (nativeOnly) notResumable([]byte) string                   { return "" }
-func (nativeOnly) shape() *streamShape                          { return &defaultShape }
+func (nativeOnly) notResumable([]byte) string { return "" }
+func (nativeOnly) shape() *streamShape        { return &defaultShape }
+func (nativeOnly) prompt() *promptShape       { return &nativePrompt }
+
+// nativePrompt: completions' prompt, embeddings' input.
+var nativePrompt = promptShape{parts: [3]string{"prompt", "input"}}
+
 func (nativeOnly) writeError(w http.ResponseWriter, e apiError) { e.write(w) }
 
 // encode: the body as sent (an upstream of the route serves the API).

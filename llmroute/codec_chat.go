@@ -18,6 +18,12 @@ func (chatCodec) generates() bool     { return true }
 func (chatCodec) viaChat() bool       { return false }
 func (chatCodec) shape() *streamShape { return &chatShape }
 
+// prompt: the system prompt is one of the messages; prompt_cache_key is
+// the client's key (OpenAI's cache routing hint).
+func (chatCodec) prompt() *promptShape { return &chatPrompt }
+
+var chatPrompt = promptShape{parts: [3]string{"messages", "tools"}, key: [2]string{"prompt_cache_key"}}
+
 // session: a chat request's session header is the hash of its history; the
 // client's own session headers are not read.
 func (chatCodec) session(*http.Request) string { return "" }

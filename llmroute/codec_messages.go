@@ -20,6 +20,11 @@ func (messagesCodec) session(r *http.Request) string { return clientSession(r) }
 func (messagesCodec) notResumable([]byte) string     { return "" }
 func (messagesCodec) shape() *streamShape            { return &messagesShape }
 
+// prompt: metadata.user_id carries Claude Code's session.
+func (messagesCodec) prompt() *promptShape { return &messagesPrompt }
+
+var messagesPrompt = promptShape{parts: [3]string{"system", "messages", "tools"}, key: [2]string{"metadata", "user_id"}}
+
 // sessionID: the hash of the conversation's history (the system prompt and
 // messages, without the billing block that changes per request).
 func (messagesCodec) sessionID(ids ledger.Ledger, body, out []byte, _ translation) string {

@@ -15,12 +15,18 @@ import (
 // wire/responses. Its errors are OpenAI's shape.
 type responsesCodec struct{}
 
-func (responsesCodec) api() api                                     { return apiResponses }
-func (responsesCodec) generates() bool                              { return true }
-func (responsesCodec) viaChat() bool                                { return true }
-func (responsesCodec) session(r *http.Request) string               { return clientSession(r) }
-func (responsesCodec) notResumable([]byte) string                   { return "" }
-func (responsesCodec) shape() *streamShape                          { return &responsesShape }
+func (responsesCodec) api() api                       { return apiResponses }
+func (responsesCodec) generates() bool                { return true }
+func (responsesCodec) viaChat() bool                  { return true }
+func (responsesCodec) session(r *http.Request) string { return clientSession(r) }
+func (responsesCodec) notResumable([]byte) string     { return "" }
+func (responsesCodec) shape() *streamShape            { return &responsesShape }
+
+// prompt: Codex sets prompt_cache_key to its session.
+func (responsesCodec) prompt() *promptShape { return &responsesPrompt }
+
+var responsesPrompt = promptShape{parts: [3]string{"instructions", "input", "tools"}, key: [2]string{"prompt_cache_key"}}
+
 func (responsesCodec) writeError(w http.ResponseWriter, e apiError) { e.write(w) }
 
 // sessionID: Codex's prompt_cache_key, else the hash of the history as chat

@@ -204,6 +204,7 @@ func (ex *exchange) chooseSinks() {
 	// Token usage is read from what reaches the client, when it is plain
 	// text (a compressed body is passed through unread).
 	ex.out.scanUsage = resp.StatusCode < 300 && identityEncoded(resp)
+	ex.out.usage.Timings = ex.u.timings
 	ex.out.scanFinish = ex.native && ex.out.shape.needFinish && ex.plainSSE && resp.StatusCode < 300
 	if ex.translated {
 		ex.chooseTranslator(rewrite)

@@ -27,9 +27,11 @@ type routeMetrics struct {
 	queueWait *prometheus.HistogramVec
 	resumes   *prometheus.CounterVec // resume.go
 	refusals  *prometheus.CounterVec // errors.go
-	byReason  map[string]prometheus.Counter
-	state     stateCollector
-	vis       visibilityMetrics // usage.go
+	// placements counts pool members' placements by reason (place.go).
+	placements *prometheus.CounterVec
+	byReason   map[string]prometheus.Counter
+	state      stateCollector
+	vis        visibilityMetrics // usage.go
 }
 
 func getMetrics() *routeMetrics {
@@ -56,6 +58,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_rejected_total",
 				Help: "Requests the proxy refused itself, by reason: invalid_api_key, model_not_allowed, rate_limited, budget, unknown_model, bad_request, too_large, context_too_long, unsupported_endpoint, method, cors, api_not_served, busy, cooling, queue_full, queue_timeout, all_failed, upstream_auth, upstream_not_found, other.",
 			}, []string{"reason"}),
+			placements: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_placements_total",
+				Help: "Requests sent to a pool member, by why it was chosen. reason: first, least_busy, weighted, pinned, warm, cold, waited.",
+			}, []string{"pool", "upstream", "reason"}),
 			vis: newVisibilityMetrics(),
 		}
 		// Every reason's series exists from the start (at 0), so that a
@@ -83,7 +89,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -228,8 +234,9 @@ type liveSeries struct {
 	targets   map[[3]string]bool // model, upstream, provider
 	upstreams map[[2]string]bool // upstream, provider
 	models    map[string]bool
-	queued    map[string]bool // models with a queue
-	keys      map[string]bool // client key ids
+	queued    map[string]bool    // models with a queue
+	keys      map[string]bool    // client key ids
+	members   map[[2]string]bool // pool, upstream
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -239,6 +246,7 @@ func seriesOf(g *generation) liveSeries {
 		models:    make(map[string]bool),
 		queued:    make(map[string]bool),
 		keys:      make(map[string]bool),
+		members:   make(map[[2]string]bool),
 	}
 	if g == nil {
 		return s
@@ -246,6 +254,11 @@ func seriesOf(g *generation) liveSeries {
 	for h := range g.handlers {
 		for _, k := range h.Keys {
 			s.keys[k.ID] = true
+		}
+		for _, p := range h.table.pools {
+			for _, m := range p.members {
+				s.members[[2]string{p.id, m}] = true
+			}
 		}
 		for _, u := range h.table.upstreams {
 			s.upstreams[[2]string{u.ID, u.Provider}] = true
@@ -278,6 +291,9 @@ func pruneSeries(g *generation) {
 	})
 	deleteSeries(m.queueWait, func(l prometheus.Labels) bool {
 		return live.models[l["model"]]
+	})
+	deleteSeries(m.placements, func(l prometheus.Labels) bool {
+		return live.members[[2]string{l["pool"], l["upstream"]}]
 	})
 	m.vis.prune(live)
 	pruneKeySeries(live.keys)

@@ -132,7 +132,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.table.upstreams[u.ID] = u
 	}
 
-	h.table.pools = compilePools(h.Pools)
+	h.table.pools = h.compilePools(h.Pools)
 	h.table.routes = make(map[string]*route, len(h.Models))
 	for _, m := range h.Models {
 		rt, err := h.compileRoute(m)
@@ -393,7 +393,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,
 			ReasoningEmptyOK: u.emptyOK,
-		}, pool: ct.pool, step: ct.step, base: len(rt.targets), memberID: placement.HashString(u.ID), weight: ct.weight})
+		}, pool: ct.pool, step: ct.step, base: len(rt.targets), member: ct.member, memberID: placement.HashString(u.ID), weight: ct.weight})
 	}
 	return rt, nil
 }
@@ -403,6 +403,7 @@ type chainTarget struct {
 	u      *upstream
 	pool   *pool // nil: named directly
 	step   int
+	member int // its place in the pool
 	weight uint32
 }
 
@@ -429,7 +430,7 @@ func (h *Handler) chainUpstreams(ids []string) []chainTarget {
 				if len(pc.Weights) == len(pc.Upstreams) {
 					w = uint32(pc.Weights[i])
 				}
-				add(chainTarget{u: h.table.upstreams[m], pool: p, step: step, weight: w})
+				add(chainTarget{u: h.table.upstreams[m], pool: p, step: step, member: i, weight: w})
 			}
 			continue
 		}
@@ -491,6 +492,7 @@ func (h *Handler) Cleanup() error {
 		h.transport.CloseIdleConnections()
 	}
 	h.refs.Release()
+	h.releasePools()
 	h.releaseKeys()
 	h.releaseState()
 	leaveGeneration(h)

@@ -59,8 +59,12 @@ type scheduler struct {
 
 // waiter is one request in the scheduler's list.
 type waiter struct {
-	rt    *route
-	pl    *placing   // its own placement order (nil: the list order)
+	rt *route
+	pl *placing // its own placement order (nil: the list order)
+	// only, when ≥ 0, is the one target it waits for (its warm member,
+	// affinity_wait): a pass that finds that one full says nothing of the
+	// route's other targets.
+	only  int
 	ready chan grant // its turn: a slot claimed for it, or none for a probe
 	elem  *list.Element
 	since time.Time // when it queued, for the status's oldest wait
@@ -111,19 +115,24 @@ func (s *scheduler) dispatchLocked() {
 		switch {
 		case w.claiming:
 			w.passed = true
-		case stuck[w.rt]:
+		case w.only < 0 && stuck[w.rt]:
 			s.endProbeLocked(w)
 		case held != nil && slices.Contains(held, w.rt.ledger()):
 			// Its ledger's renewal runs and dispatches when done; the
 			// waiters of other ledgers behind it still get their turn.
 		default:
-			g, res := grantFirst(w.rt, w.pl, now)
+			g, res := grantFirst(w.rt, w.pl, w.only, now)
 			switch res {
 			case granted:
 				w.claiming = true
 				w.ready <- g
 			case deferred:
 				held = append(held, w.rt.ledger())
+			case noSlot:
+				if w.only >= 0 {
+					break // only its own target is full
+				}
+				fallthrough
 			default:
 				s.endProbeLocked(w)
 				if stuck == nil {
@@ -173,9 +182,10 @@ const (
 
 // grantFirst claims in this process a slot on the first non-cooling
 // upstream of rt with room, as claimFrom does, without the shared state's
-// part (grant.complete). It runs under the scheduler's lock, so it never
-// waits: a renewal that holds or awaits the ledger's lock defers rt's turn.
-func grantFirst(rt *route, pl *placing, now time.Time) (grant, int) {
+// part (grant.complete); only target only when only ≥ 0. It runs under
+// the scheduler's lock, so it never waits: a renewal that holds or awaits
+// the ledger's lock defers rt's turn.
+func grantFirst(rt *route, pl *placing, only int, now time.Time) (grant, int) {
 	l := rt.ledger()
 	if l == nil {
 		return grant{idx: -1}, noSlot
@@ -186,7 +196,7 @@ func grantFirst(rt *route, pl *placing, now time.Time) (grant, int) {
 	}
 	for _, i := range rt.orderFor(pl) {
 		u := rt.targets[i].up
-		if u.Cooling(now) > 0 {
+		if only >= 0 && i != only || u.Cooling(now) > 0 {
 			continue
 		}
 		long := rt.targets[i].long
@@ -208,7 +218,7 @@ func grantFirst(rt *route, pl *placing, now time.Time) (grant, int) {
 // goroutine. When the fleet has no room there, the later upstreams of the
 // route are tried in order, as claimFrom would have; it returns the target
 // claimed, or false with nothing held.
-func (g grant) complete(rt *route, pl *placing) (int, bool) {
+func (g grant) complete(rt *route, pl *placing, only int) (int, bool) {
 	if !g.pinned {
 		return g.idx, true
 	}
@@ -216,6 +226,9 @@ func (g grant) complete(rt *route, pl *placing) (int, bool) {
 		return g.idx, true
 	}
 	rt.ledger().ReleaseLong(rt.targets[g.idx].long)
+	if only >= 0 {
+		return -1, false // its one target is full in the fleet: wait on
+	}
 	return claimFrom(rt, pl, g.idx, time.Now(), nil)
 }
 
@@ -237,7 +250,7 @@ func (g grant) giveBack(rt *route) {
 func (s *scheduler) take(w *waiter, g grant) (int, bool) {
 	idx, ok := -1, false
 	if g.idx >= 0 {
-		idx, ok = g.complete(w.rt, w.pl)
+		idx, ok = g.complete(w.rt, w.pl, w.only)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -359,7 +372,7 @@ func (h *Handler) wait(r *http.Request, rt *route, pl *placing) (int, *apiError)
 		return -1, h.reject(rt)
 	}
 	s.mu.Lock()
-	w := &waiter{rt: rt, pl: pl, ready: make(chan grant, 1), since: start, probe: s.depth[rt.name] >= rt.queueSize}
+	w := &waiter{rt: rt, pl: pl, only: -1, ready: make(chan grant, 1), since: start, probe: s.depth[rt.name] >= rt.queueSize}
 	s.pushLocked(w)
 	s.dispatchLocked() // its turn, after the earlier waiters'
 	depth := s.depth[rt.name]
@@ -451,6 +464,19 @@ func (h *Handler) refuseProbe(rt *route) *apiError {
 // leave takes a waiter out of the queue. If it was admitted in the meantime,
 // the slot it got is handed back (to the next waiter).
 func (h *Handler) leave(w *waiter, start time.Time, result string) {
+	withdraw(w)
+	if w.probe && w.rt.queueSize == 0 {
+		return // a model without a queue has no wait to observe
+	}
+	h.observeWait(w.rt, result, time.Since(start))
+	if c := h.logger.Check(zapcore.InfoLevel, "gave up waiting for a slot"); c != nil {
+		c.Write(zap.String("model", w.rt.name), zap.String("reason", result), zap.Duration("waited", time.Since(start)))
+	}
+}
+
+// withdraw takes a waiter out of the queue, handing back a slot it was
+// granted meanwhile.
+func withdraw(w *waiter) {
 	sched.mu.Lock()
 	sched.removeLocked(w)
 	sched.mu.Unlock()
@@ -461,12 +487,38 @@ func (h *Handler) leave(w *waiter, start time.Time, result string) {
 		}
 	default:
 	}
-	if w.probe && w.rt.queueSize == 0 {
-		return // a model without a queue has no wait to observe
-	}
-	h.observeWait(w.rt, result, time.Since(start))
-	if c := h.logger.Check(zapcore.InfoLevel, "gave up waiting for a slot"); c != nil {
-		c.Write(zap.String("model", w.rt.name), zap.String("reason", result), zap.Duration("waited", time.Since(start)))
+}
+
+// waitWarm waits up to d for target i of rt alone: the request's pinned or
+// warm pool member, busy when the request was placed (affinity_wait). It
+// waits in the queue, so earlier waiters of any model keep their turn. It
+// returns false when the wait ends without the slot (the request then
+// takes a cold member, or queues, as it would have); pl.waited is set when
+// it got it.
+func (h *Handler) waitWarm(r *http.Request, rt *route, pl *placing, i int, d time.Duration) (int, bool) {
+	s := sched
+	start := time.Now()
+	s.mu.Lock()
+	w := &waiter{rt: rt, pl: pl, only: i, ready: make(chan grant, 1), since: start}
+	s.pushLocked(w)
+	s.dispatchLocked()
+	s.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case g := <-w.ready:
+			if idx, ok := s.take(w, g); ok {
+				pl.waited = max(time.Since(start), time.Millisecond)
+				return idx, true
+			}
+		case <-t.C:
+			withdraw(w)
+			return -1, false
+		case <-r.Context().Done():
+			withdraw(w)
+			return -1, false
+		}
 	}
 }
 

@@ -46,6 +46,9 @@ type upstream struct {
 
 	model              string
 	idAny, providerAny any // id and provider boxed once, for placeholders
+	// timings: a member of a cache_aware pool, whose answers are read for
+	// llama.cpp's timings too (the cache it reused).
+	timings bool
 
 	base       string                 // the provider URL, no trailing slash
 	url        string                 // provider URL + /chat/completions
@@ -128,6 +131,7 @@ type target struct {
 	// route (route variants copy targets, so both hold in every variant).
 	pool       *pool
 	step, base int
+	member     int    // its place in the pool (the pool's member numbers)
 	memberID   uint64 // placement.HashString of the upstream id
 	weight     uint32 // the member's sticky weight in its pool
 }

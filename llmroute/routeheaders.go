@@ -16,7 +16,9 @@ const (
 	hdrRouteUpstream = "X-Llm-Route-Upstream"
 	hdrRouteAttempts = "X-Llm-Route-Attempts"
 	hdrRouteSkipped  = "X-Llm-Route-Skipped"
-	hdrRequestID     = "X-Request-Id"
+	// hdrRoutePlacement is a pool member's placement (place.go).
+	hdrRoutePlacement = "X-Llm-Route-Placement"
+	hdrRequestID      = "X-Request-Id"
 )
 
 // maxClientRequestID bounds an x-request-id taken from the client: a longer

@@ -134,7 +134,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	// (every variant keeps its targets' place in it).
 	fr.session = fr.codec.session(r)
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	fr.place = placeRequest(h.table.routes[model], r, repl, time.Now())
+	fr.place = placeRequest(h.table.routes[model], &placeInput{r: r, repl: repl, body: body, codec: fr.codec, led: h.led, now: time.Now()})
 	defer donePlacing(fr.place)
 	var kr *keyReq
 	if key != nil {
@@ -183,6 +183,13 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			repl.Set("http.llm_route.attempts", attemptCount(fr.attempts+1)) // if the attempt aborts
 		}
 		fr.rt, fr.idx = rt, idx
+		if fr.place != nil {
+			var hdr http.Header
+			if h.routeHeaders {
+				hdr = w.Header()
+			}
+			fr.place.sent(hdr, t, time.Now())
+		}
 		res := h.attempt(w, r, rt, t, body, &fr) // sets the route headers (retry.go)
 		if res.cont != nil {
 			res, t = h.resume(r, rt, idx, res, body, &fr) // the stream broke: continue it
@@ -198,6 +205,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			h.observeOverhead(res, arrival, queued)
 		}
 		if res.out != outFailover {
+			if fr.place != nil && res.result == resultOK {
+				fr.place.served(t, res.usage, h.led)
+			}
 			h.observeRequest(t, res, arrival)
 			annotateSpan(r, rt, t, res, fr.attempts)
 			if res.result == resultCancelled && res.status == 0 {
@@ -301,6 +311,15 @@ func (a attemptLog) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 // not cooling and has a free slot, waiting in the model's queue if it has
 // one. It returns the index of the claimed target.
 func (h *Handler) admit(r *http.Request, rt *route, pl *placing) (int, *apiError) {
+	if i, d := pl.warmTarget(rt); i >= 0 {
+		// The member holding the request's cache is busy: worth a wait.
+		if idx, ok := h.waitWarm(r, rt, pl, i, d); ok {
+			return idx, nil
+		}
+		if r.Context().Err() != nil {
+			return -1, errClientGone
+		}
+	}
 	if sched.waiting.Load() == 0 {
 		if idx, ok := h.claimNext(rt, pl, -1); ok {
 			if rt.queueSize > 0 {

@@ -23,6 +23,9 @@ type statusSnapshot struct {
 	Upstreams []upstreamStatus `json:"upstreams"`
 	Providers []providerStatus `json:"providers"`
 	Models    []modelStatus    `json:"models"`
+	// Pools is each pool with its members' placements (absent when no
+	// pool is configured).
+	Pools []poolStatus `json:"pools,omitempty"`
 	// Keys is each client key's usage in the current UTC day and month
 	// (absent when no key is configured).
 	Keys []keyStatus `json:"keys,omitempty"`
@@ -36,6 +39,25 @@ type statusSnapshot struct {
 	Now time.Time `json:"now"`
 	// State is the state backend in use and its health.
 	State ledger.Status `json:"state"`
+}
+
+type poolStatus struct {
+	ID        string         `json:"id"`
+	Placement string         `json:"placement"`
+	Members   []memberStatus `json:"members"`
+}
+
+type memberStatus struct {
+	Upstream string `json:"upstream"`
+	Inflight int64  `json:"inflight"`
+	Limit    *int64 `json:"limit"` // null = unlimited
+	// Placements counts the requests placed on the member by reason
+	// (first, least_busy, weighted, pinned, warm, cold, waited) since the
+	// pool was configured as it is.
+	Placements map[string]int64 `json:"placements"`
+	// CachedRatio is the share of prompt tokens the member reported it
+	// reused, over its answers that reported it (null: none did).
+	CachedRatio *float64 `json:"cached_ratio"`
 }
 
 type upstreamStatus struct {
@@ -129,6 +151,7 @@ func snapshot(now time.Time) statusSnapshot {
 	seenUp := make(map[string]bool)
 	seenProv := make(map[string]int) // id → index in snap.Providers
 	seenModel := make(map[string]bool)
+	seenPool := make(map[string]bool)
 	for _, e := range live {
 		h := e.h
 		for _, uc := range h.Upstreams { // config order
@@ -168,6 +191,12 @@ func snapshot(now time.Time) statusSnapshot {
 				ms.Upstreams = append(ms.Upstreams, t.up.ID)
 			}
 			snap.Models = append(snap.Models, ms)
+		}
+		for _, pc := range h.Pools { // config order
+			if p := h.table.pools[pc.ID]; p != nil && !seenPool[p.id] {
+				seenPool[p.id] = true
+				snap.Pools = append(snap.Pools, p.status(h))
+			}
 		}
 	}
 
@@ -412,10 +441,22 @@ type explanation struct {
 	// smaller gets the "context" verdict; above the handler's
 	// long_context_threshold, an upstream whose provider has no long slot
 	// free gets "capacity" (reason long_context).
-	Tokens     *int64            `json:"tokens"`
-	QueueDepth int               `json:"queue_depth"`
-	QueueSize  int               `json:"queue_size"`
-	Upstreams  []upstreamVerdict `json:"upstreams"`
+	Tokens     *int64 `json:"tokens"`
+	QueueDepth int    `json:"queue_depth"`
+	QueueSize  int    `json:"queue_size"`
+	// Affinity is a short hash of the request's affinity key (session=,
+	// the session headers or body of a POSTed request, or its history),
+	// when a pool step needed one; never the key itself.
+	Affinity  string            `json:"affinity,omitempty"`
+	Upstreams []upstreamVerdict `json:"upstreams"`
+}
+
+// placementVerdict is a pool member's place in the request's placement.
+type placementVerdict struct {
+	Pool string `json:"pool"`
+	// Rank is 1 for the member tried first within its pool step.
+	Rank   int    `json:"rank"`
+	Reason string `json:"reason"`
 }
 
 type upstreamVerdict struct {
@@ -425,6 +466,8 @@ type upstreamVerdict struct {
 	// "long_context" or "provider_capacity".
 	Reason string `json:"reason,omitempty"`
 	Detail string `json:"detail"`
+	// Placement is set for a pool member.
+	Placement *placementVerdict `json:"placement,omitempty"`
 }
 
 // findRoute returns the newest running config's route for a model name.
@@ -440,19 +483,27 @@ func findRoute(name string) *route {
 // explain walks the model's upstreams in order the way admission does
 // (claimFrom), without claiming: the first that is neither cooling nor full
 // is the choice.
-func explain(rt *route, a api, tokens *int64, now time.Time) explanation {
+func explain(rt *route, a api, tokens *int64, in *placeInput) explanation {
+	now := in.now
 	ex := explanation{Model: rt.name, API: a.String(), Tokens: tokens, QueueSize: rt.queueSize,
 		Upstreams: make([]upstreamVerdict, 0, len(rt.targets))}
 	ex.QueueDepth = queueDepths()[rt.name]
 	allCooling, allContext, served := true, len(rt.targets) > 0, 0
 	long := tokens != nil && rt.sizes.threshold > 0 && *tokens > int64(rt.sizes.threshold)
-	// Pool members in a placement made now for a request without an
-	// affinity key.
-	pl := placeRequest(rt, nil, nil, now)
+	// Pool members in a placement made now for the request described.
+	pl := placeRequest(rt, in)
 	defer donePlacing(pl)
+	if pl != nil && pl.hasKey {
+		ex.Affinity = shortHash(pl.reqKey)
+	}
+	var rank [maxPlaced]int // members placed so far per chain step
 	for _, i := range rt.orderFor(pl) {
 		u := rt.targets[i].up
 		v := upstreamVerdict{ID: u.ID}
+		if t := &rt.targets[i]; pl != nil && t.pool != nil && t.step < maxPlaced {
+			rank[t.step]++
+			v.Placement = &placementVerdict{Pool: t.pool.id, Rank: rank[t.step], Reason: pl.reason[t.base].String()}
+		}
 		if u.apis.canServe(a) {
 			served++
 		}

@@ -82,6 +82,12 @@ type Ledger interface {
 	// SessionID names the conversation of a final outgoing body
 	// (sessions.go).
 	SessionID(body []byte) string
+	// Affinity is the member (upstream id) the fleet last placed a pool's
+	// affinity key hash on, "" when none is known or the state is not
+	// shared (memory: each pool's own index holds its pins); SetAffinity
+	// records it for ttl, "" forgets it (affinity.go).
+	Affinity(pool string, key uint64) string
+	SetAffinity(pool string, key uint64, member string, ttl time.Duration)
 
 	// FleetFull is the fleet's answer to this process's last claim on u
 	// (FleetFree with memory, or while Redis does not answer: the local

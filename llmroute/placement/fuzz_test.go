@@ -23,6 +23,17 @@ func FuzzChain(f *testing.F) {
 				t.Fatalf("block %d: hashing is not deterministic or an extension changes the prefix", i)
 			}
 		}
+		// The same bytes cut into parts anywhere chain the same.
+		cut := len(more) % (len(prompt) + 1)
+		parts := ChainParts(nil, prompt[:cut], nil, prompt[cut:], more)
+		if len(parts) != len(ext) {
+			t.Fatalf("ChainParts: %d hashes, Chain of the concatenation: %d", len(parts), len(ext))
+		}
+		for i := range ext {
+			if parts[i] != ext[i] {
+				t.Fatalf("block %d: ChainParts differs from Chain of the concatenation", i)
+			}
+		}
 	})
 }
 
@@ -62,6 +73,14 @@ func FuzzIndex(f *testing.F) {
 		x.Pin(uint64(len(p1)), m, now)
 		if got, ok := x.Pinned(uint64(len(p1)), now); ok != (m < 3) || ok && got != m {
 			t.Fatalf("Pinned = %d, %v after pinning member %d", got, ok, m)
+		}
+		x.Unpin(uint64(len(p1)), (m+1)%3)
+		if got, ok := x.Pinned(uint64(len(p1)), now); ok != (m < 3) || ok && got != m {
+			t.Fatalf("Unpin of another member removed the pin: %d, %v", got, ok)
+		}
+		x.Unpin(uint64(len(p1)), m)
+		if _, ok := x.Pinned(uint64(len(p1)), now); ok {
+			t.Fatalf("Unpin left the pin on member %d", m)
 		}
 		ms := members(3)
 		p := &Pool{Policy: CacheAware, Threshold: 0.5, Index: x}

@@ -25,6 +25,36 @@ func Chain(dst []uint64, prompt []byte) []uint64 {
 	return dst
 }
 
+// ChainParts is Chain over the concatenation of parts, without
+// concatenating them: a block may straddle two parts. Like Chain, it
+// allocates nothing when cap(dst) is enough.
+func ChainParts(dst []uint64, parts ...[]byte) []uint64 {
+	dst = dst[:0]
+	var prev uint64
+	var block [BlockSize]byte
+	n := 0 // bytes of block filled
+	for _, p := range parts {
+		if n > 0 {
+			k := copy(block[n:], p)
+			n += k
+			p = p[k:]
+			if n < BlockSize {
+				continue
+			}
+			prev = mix(prev ^ maphash.Bytes(seed, block[:]))
+			dst = append(dst, prev)
+			n = 0
+		}
+		for len(p) >= BlockSize {
+			prev = mix(prev ^ maphash.Bytes(seed, p[:BlockSize]))
+			dst = append(dst, prev)
+			p = p[BlockSize:]
+		}
+		n = copy(block[:], p)
+	}
+	return dst
+}
+
 // HashString is a stable 64-bit hash of s (FNV-1a 64 with the splitmix64
 // finaliser): the same in every process, for member ids and affinity keys
 // (a pin shared in Redis, a member's sticky rank across a reload).

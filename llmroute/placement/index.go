@@ -28,6 +28,10 @@ type Index struct {
 	maxPins int
 	members []memberBlocks
 	pins    map[uint64]pin
+	// sessions counts the pins per member (stale ones until swept), for
+	// cache_aware's balance of new sessions; swept is the last sweep.
+	sessions []int
+	swept    int64
 }
 
 type pin struct {
@@ -57,7 +61,8 @@ func NewIndex(members, capacity int, ttl time.Duration) *Index {
 	if capacity <= 0 {
 		capacity = DefaultCapacity
 	}
-	x := &Index{ttl: int64(ttl), cap: capacity, maxPins: DefaultPins, members: make([]memberBlocks, max(members, 0)), pins: map[uint64]pin{}}
+	x := &Index{ttl: int64(ttl), cap: capacity, maxPins: DefaultPins, members: make([]memberBlocks, max(members, 0)), pins: map[uint64]pin{},
+		sessions: make([]int, max(members, 0))}
 	for i := range x.members {
 		x.members[i] = memberBlocks{where: map[uint64]int32{}, head: -1, tail: -1, free: -1}
 	}
@@ -186,26 +191,60 @@ func (x *Index) Pin(key uint64, member int, now time.Time) {
 	t := now.UnixNano()
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, ok := x.pins[key]; !ok && len(x.pins) >= x.maxPins {
+	if old, ok := x.pins[key]; ok {
+		x.sessions[old.member]--
+	} else if len(x.pins) >= x.maxPins || x.ttl > 0 && t-x.swept > x.ttl/4 {
 		x.prunePins(t)
 	}
 	x.pins[key] = pin{member: int32(member), at: t}
+	x.sessions[member]++
 }
 
-// prunePins makes room for a pin: the aged ones go, and if none has aged
-// an arbitrary one (map order) does — a pin lost early costs one cold
-// turn, which a bounded memory is worth.
+// prunePins sweeps the aged pins out (so the session counts follow) and
+// makes room for one more: if none has aged an arbitrary one (map order)
+// goes — a pin lost early costs one cold turn, which a bounded memory is
+// worth.
 func (x *Index) prunePins(t int64) {
+	x.swept = t
 	for k, p := range x.pins {
 		if !x.live(p.at, t) {
-			delete(x.pins, k)
+			x.dropPin(k, p)
 		}
 	}
-	for k := range x.pins {
+	for k, p := range x.pins {
 		if len(x.pins) < x.maxPins {
 			return
 		}
-		delete(x.pins, k)
+		x.dropPin(k, p)
+	}
+}
+
+func (x *Index) dropPin(k uint64, p pin) {
+	delete(x.pins, k)
+	x.sessions[p.member]--
+}
+
+// Sessions fills dst[i] (len(dst) members) with the affinity keys pinned
+// to member i (aged ones included until a sweep, at most a quarter of
+// the TTL late).
+func (x *Index) Sessions(dst []int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i := range dst {
+		dst[i] = 0
+		if i < len(x.sessions) {
+			dst[i] = x.sessions[i]
+		}
+	}
+}
+
+// Unpin forgets key's pin if it names member: that member's report
+// contradicted it (a pin to another member, set since, stays).
+func (x *Index) Unpin(key uint64, member int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if p, ok := x.pins[key]; ok && int(p.member) == member {
+		x.dropPin(key, p)
 	}
 }
 

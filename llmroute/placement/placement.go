@@ -267,49 +267,99 @@ func rendezvous(key uint64, m *Member) float64 {
 	return -w / math.Log(u)
 }
 
+// cacheAware: the pinned member, else the warm one, else least busy. A
+// new session (a key with no pin) goes warm only to a member that holds
+// at most one session more than the least-pinned claimable one, and
+// otherwise to the least busy member with the fewest sessions: a prefix
+// every member will soon hold (a shared system prompt) must not gather
+// every new session on the first member that served one, while each
+// session's own turns stay where its history is.
 func (p *Pool) cacheAware(ms []Member, req Request, order []int, reasons []Reason) Decision {
 	d := Decision{Member: -1}
 	n := len(ms)
-	if x := p.Index; x != nil {
-		if req.HasKey {
-			if m, ok := x.Pinned(req.Key, req.Now); ok && m < n {
-				d.Member, d.Reason = m, Reason{Kind: KindPinned}
-				d.Matched = x.matchedOne(m, req.Chain, req.Now)
+	x := p.Index
+	if x == nil {
+		p.leastBusy(ms, order, reasons, -1)
+		return d
+	}
+	var sbuf [maxStack]int
+	sessions := sbuf[:0]
+	if n > maxStack {
+		sessions = make([]int, 0, n)
+	}
+	sessions = sessions[:n]
+	x.Sessions(sessions)
+	if req.HasKey {
+		if m, ok := x.Pinned(req.Key, req.Now); ok && m < n {
+			d.Member, d.Reason = m, Reason{Kind: KindPinned}
+			d.Matched = x.matchedOne(m, req.Chain, req.Now)
+		}
+	}
+	if d.Member < 0 && len(req.Chain) > 0 {
+		var buf [maxStack]int
+		matched := buf[:0]
+		if n > maxStack {
+			matched = make([]int, 0, n)
+		}
+		matched = matched[:n]
+		x.Matches(req.Chain, req.Now, matched)
+		best := -1
+		for i, m := range matched {
+			if m == 0 {
+				continue
+			}
+			if best < 0 || m > matched[best] || m == matched[best] && less(ms, sessions, i, best) {
+				best = i
 			}
 		}
-		if d.Member < 0 && len(req.Chain) > 0 {
-			var buf [maxStack]int
-			matched := buf[:0]
-			if n > maxStack {
-				matched = make([]int, 0, n)
-			}
-			matched = matched[:n]
-			x.Matches(req.Chain, req.Now, matched)
-			best := -1
-			for i, m := range matched {
-				if m == 0 {
-					continue
-				}
-				if best < 0 || m > matched[best] || m == matched[best] && ms[i].load() < ms[best].load() {
-					best = i
-				}
-			}
-			if best >= 0 {
-				f := float64(matched[best]) / float64(len(req.Chain))
-				if f >= p.Threshold {
-					d.Member, d.Matched = best, matched[best]
-					d.Reason = Reason{Kind: KindWarm, Fraction: float32(f)}
-				}
+		if best >= 0 {
+			f := float64(matched[best]) / float64(len(req.Chain))
+			if f >= p.Threshold && !(req.HasKey && crowded(ms, sessions, best)) {
+				d.Member, d.Matched = best, matched[best]
+				d.Reason = Reason{Kind: KindWarm, Fraction: float32(f)}
 			}
 		}
 	}
 	if d.Member < 0 {
 		p.leastBusy(ms, order, reasons, -1)
+		bySessions(ms, sessions, order)
 		return d
 	}
 	order[0], reasons[0] = d.Member, d.Reason
 	p.leastBusy(ms, order[1:], reasons[1:], d.Member)
 	return d
+}
+
+// less orders two members for cache_aware: lower load, then fewer sessions.
+func less(ms []Member, sessions []int, a, b int) bool {
+	la, lb := ms[a].load(), ms[b].load()
+	return la < lb || la == lb && sessions[a] < sessions[b]
+}
+
+// crowded: member m holds two sessions or more than the least-pinned
+// member that can take a request (not cooling).
+func crowded(ms []Member, sessions []int, m int) bool {
+	for i := range ms {
+		if !ms[i].Cooling && sessions[i]+1 < sessions[m] {
+			return true
+		}
+	}
+	return false
+}
+
+// bySessions reorders a least-busy order so that, among members of equal
+// load, fewer sessions come first (stable: the round-robin still breaks
+// the remaining ties).
+func bySessions(ms []Member, sessions []int, order []int) {
+	for i := 1; i < len(order); i++ {
+		for j := i; j > 0; j-- {
+			a, b := order[j-1], order[j]
+			if ms[a].load() != ms[b].load() || sessions[a] <= sessions[b] {
+				break
+			}
+			order[j-1], order[j] = b, a
+		}
+	}
 }
 
 // partition moves the members that can be claimed now before the busy

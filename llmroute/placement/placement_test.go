@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -451,5 +452,38 @@ func TestConcurrentUse(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// New sessions whose prompts share only a long system prompt spread over
+// the members (none holds two sessions more than another), while each
+// session's later turns stay on its member.
+func TestCacheAwareSpreadsNewSessions(t *testing.T) {
+	x := NewIndex(3, 0, time.Hour)
+	p := &Pool{Policy: CacheAware, Threshold: 0.5, Index: x}
+	ms := members(3)
+	now := time.Unix(1000, 0)
+	system := strings.Repeat("You are a coding agent. ", 200) // ~4.8 KB, most of a first turn
+	home := map[int]int{}
+	per := make([]int, 3)
+	for turn := range 4 {
+		for s := range 8 {
+			prompt := system + strings.Repeat("session "+strconv.Itoa(s)+" ", 40+turn*60)
+			chain := Chain(nil, []byte(prompt))
+			key := HashString("s" + strconv.Itoa(s))
+			order, _, _ := rank(p, ms, Request{Key: key, HasKey: true, Chain: chain, Now: now})
+			m := order[0]
+			if turn == 0 {
+				home[s] = m
+				per[m]++
+			} else if m != home[s] {
+				t.Errorf("turn %d of session %d went to member %d, its home is %d", turn, s, m, home[s])
+			}
+			x.Record(m, chain, now)
+			x.Pin(key, m, now)
+		}
+	}
+	if slices.Max(per)-slices.Min(per) > 1 {
+		t.Errorf("first turns per member %v: want an even spread", per)
 	}
 }

@@ -19,6 +19,10 @@ import (
 type Usage struct {
 	Input, Output, CachedInput, Reasoning int64
 	Seen                                  bool // a usage object was read
+	// CacheReported: the upstream gave a cached-token count (a cached
+	// member in its usage, or llama.cpp's timings.cache_n), so a
+	// CachedInput of 0 means nothing was reused rather than not known.
+	CacheReported bool
 }
 
 // maxUsagePending bounds what UsageScanner holds of a usage object split
@@ -30,8 +34,18 @@ const maxUsagePending = 4 << 10
 // (bytes.Index), so a body without usage costs one scan and no parse.
 type UsageScanner struct {
 	Usage
+	// Timings also reads llama.cpp's "timings" objects (cache_n, the
+	// prompt tokens reused; prompt_n, those computed): servers that put
+	// no cached count in their usage still report their cache there.
+	Timings bool
 	pending []byte // the start of a usage object cut by the end of a piece
+	tpend   []byte // the same for a timings object
 }
+
+var (
+	timingsKey  = []byte(`"timings"`)
+	timingsTail = timingsKey[1:]
+)
 
 var (
 	usageKey  = []byte(`"usage"`)
@@ -42,10 +56,14 @@ var (
 func (s *UsageScanner) Reset() {
 	s.Usage = Usage{}
 	s.pending = s.pending[:0]
+	s.tpend = s.tpend[:0]
 }
 
 // Write scans p; it never fails.
 func (s *UsageScanner) Write(p []byte) {
+	if s.Timings {
+		s.writeTimings(p)
+	}
 	if len(s.pending) > 0 {
 		if len(s.pending)+len(p) > maxUsagePending {
 			s.pending = s.pending[:0] // too big to be a usage object: give up on it
@@ -159,6 +177,7 @@ type rawUsage struct {
 	anthropic                            bool
 	promptCached, inputCached            int64 // *_tokens_details.cached_tokens
 	completionReasoning, outputReasoning int64 // *_tokens_details.reasoning_tokens
+	cachedSeen                           bool  // a cached count is among them
 }
 
 // read takes the counts from one usage object. Nothing else of the object
@@ -176,6 +195,7 @@ func (s *UsageScanner) read(obj []byte) {
 	s.Input = max(s.Input, u.prompt, u.input)
 	s.Output = max(s.Output, u.completion, u.output)
 	s.CachedInput = max(s.CachedInput, u.promptCached, u.inputCached, u.cacheRead)
+	s.CacheReported = s.CacheReported || u.cachedSeen
 	s.Reasoning = max(s.Reasoning, u.completionReasoning, u.outputReasoning)
 }
 
@@ -271,7 +291,7 @@ func usageField(u *rawUsage, parent, key string) *int64 {
 		case "output_tokens":
 			return &u.output
 		case "cache_read_input_tokens":
-			u.anthropic = true
+			u.anthropic, u.cachedSeen = true, true
 			return &u.cacheRead
 		case "cache_creation_input_tokens":
 			u.anthropic = true
@@ -279,6 +299,7 @@ func usageField(u *rawUsage, parent, key string) *int64 {
 		}
 	case "prompt_tokens_details", "input_tokens_details":
 		if key == "cached_tokens" {
+			u.cachedSeen = true
 			if parent[0] == 'p' {
 				return &u.promptCached
 			}
@@ -338,4 +359,99 @@ func skipUsageValue(b []byte, i int) int {
 		j++
 	}
 	return j
+}
+
+// writeTimings reads the llama.cpp timings objects in p, keeping one cut
+// at the end of p for the next write, as Write does for usage.
+func (s *UsageScanner) writeTimings(p []byte) {
+	if len(s.tpend) > 0 {
+		if len(s.tpend)+len(p) > maxUsagePending {
+			s.tpend = s.tpend[:0]
+		} else {
+			buf := append(s.tpend, p...)
+			s.tpend = s.tpend[:0]
+			s.scanTimings(buf)
+			return
+		}
+	}
+	s.scanTimings(p)
+}
+
+func (s *UsageScanner) scanTimings(p []byte) {
+	for {
+		k := bytes.Index(p, timingsTail)
+		if k < 1 {
+			if k < 0 {
+				// A cut key: keep the tail that may start it.
+				for n := len(timingsKey) - 1; n > 0; n-- {
+					if bytes.HasSuffix(p, timingsKey[:n]) {
+						s.tpend = append(s.tpend[:0], p[len(p)-n:]...)
+						break
+					}
+				}
+				return
+			}
+			p = p[len(timingsTail):]
+			continue
+		}
+		start := k - 1
+		if p[start] != '"' {
+			p = p[k+len(timingsTail):]
+			continue
+		}
+		rest := p[k+len(timingsTail):]
+		i := jsonscan.SkipWS(rest, 0)
+		if i < len(rest) && rest[i] == ':' {
+			i = jsonscan.SkipWS(rest, i+1)
+		}
+		if i >= len(rest) {
+			s.tpend = append(s.tpend[:0], p[start:]...)
+			return
+		}
+		if rest[i] != '{' {
+			p = rest[i:]
+			continue
+		}
+		end := objectEnd(rest[i:])
+		if end < 0 {
+			s.tpend = append(s.tpend[:0], p[start:]...)
+			return
+		}
+		s.readTimings(rest[i : i+end])
+		p = rest[i+end:]
+	}
+}
+
+// readTimings takes cache_n and prompt_n from a timings object: the prompt
+// is both together.
+func (s *UsageScanner) readTimings(obj []byte) {
+	var cacheN, promptN int64
+	seen := false
+	it := jsonscan.IterObject(obj, 0, false)
+	var m jsonscan.Member
+	for it.Next(&m) {
+		var dst *int64
+		switch string(obj[m.Ks:m.Ke]) {
+		case "cache_n":
+			dst, seen = &cacheN, true
+		case "prompt_n":
+			dst = &promptN
+		default:
+			continue
+		}
+		n := int64(0)
+		for _, c := range obj[m.Vs:m.Ve] {
+			if c < '0' || c > '9' || n >= 1<<58 {
+				break
+			}
+			n = n*10 + int64(c-'0')
+		}
+		*dst = n
+	}
+	if !seen {
+		return
+	}
+	s.Seen, s.CacheReported = true, true
+	s.CachedInput = max(s.CachedInput, cacheN)
+	s.Input = max(s.Input, cacheN+promptN)
 }

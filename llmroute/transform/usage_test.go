@@ -9,21 +9,29 @@ import (
 func TestUsageScanner(t *testing.T) {
 	cases := []struct {
 		name   string
-		pieces []string
-		want   Usage
+		pieces  []string
+		want    Usage
+		timings bool
 	}{
 		{"chat body", []string{`{"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":3},"completion_tokens_details":{"reasoning_tokens":2}}}`},
-			Usage{Input: 12, Output: 5, CachedInput: 3, Reasoning: 2, Seen: true}},
+			Usage{Input: 12, Output: 5, CachedInput: 3, Reasoning: 2, Seen: true, CacheReported: true}, false},
+		{"cached 0 is a report", []string{`{"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}}`},
+			Usage{Input: 12, Output: 5, Seen: true, CacheReported: true}, false},
 		{"chat stream split", []string{"data: {\"choices\":[],\"usage\":null}\n\ndata: {\"choices\":[],\"usa", "ge\":{\"prompt_tokens\":7,", "\"completion_tokens\":9}}\n\ndata: [DONE]\n\n"},
-			Usage{Input: 7, Output: 9, Seen: true}},
+			Usage{Input: 7, Output: 9, Seen: true}, false},
 		{"anthropic", []string{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20,\"cache_read_input_tokens\":4,\"output_tokens\":1}}}\n\n", "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n"},
-			Usage{Input: 24, Output: 15, CachedInput: 4, Seen: true}},
+			Usage{Input: 24, Output: 15, CachedInput: 4, Seen: true, CacheReported: true}, false},
 		{"responses", []string{"data: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":8,\"output_tokens\":6,\"input_tokens_details\":{\"cached_tokens\":1},\"output_tokens_details\":{\"reasoning_tokens\":4}}}}\n\n"},
-			Usage{Input: 8, Output: 6, CachedInput: 1, Reasoning: 4, Seen: true}},
-		{"text mentioning usage", []string{`{"choices":[{"message":{"content":"the \"usage\": {\"prompt_tokens\":99}"}}]}`}, Usage{}},
+			Usage{Input: 8, Output: 6, CachedInput: 1, Reasoning: 4, Seen: true, CacheReported: true}, false},
+		{"llama.cpp timings", []string{"data: {\"choices\":[{\"delta\":{}}],\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":3},\"tim", "ings\":{\"cache_n\":850,\"prompt_n\":50,\"predicted_n\":3}}\n\n"},
+			Usage{Input: 900, Output: 3, CachedInput: 850, Seen: true, CacheReported: true}, true},
+		{"timings not asked for", []string{`{"usage":{"prompt_tokens":900,"completion_tokens":3},"timings":{"cache_n":850,"prompt_n":50}}`},
+			Usage{Input: 900, Output: 3, Seen: true}, false},
+		{"text mentioning usage", []string{`{"choices":[{"message":{"content":"the \"usage\": {\"prompt_tokens\":99}"}}]}`}, Usage{}, false},
 	}
 	for _, c := range cases {
 		var s UsageScanner
+		s.Timings = c.timings
 		for _, p := range c.pieces {
 			s.Write([]byte(p))
 		}
@@ -72,7 +80,7 @@ func BenchmarkUsageScanStream(b *testing.B) {
 // the fuzz target checks they agree on every object json accepts.
 func usageReference(obj []byte) (Usage, bool) {
 	type cached struct {
-		CachedTokens int64 `json:"cached_tokens"`
+		CachedTokens *int64 `json:"cached_tokens"`
 	}
 	type reasoning struct {
 		ReasoningTokens int64 `json:"reasoning_tokens"`
@@ -99,12 +107,15 @@ func usageReference(obj []byte) (Usage, bool) {
 		cacheRead = deref(u.CacheReadInputTokens)
 		u.InputTokens += cacheRead + deref(u.CacheCreationTokens)
 	}
+	// A count given (a non-negative integer) is a report, 0 included.
+	given := func(p *int64) bool { return p != nil && *p >= 0 }
 	return Usage{
-		Input:       max(u.PromptTokens, u.InputTokens),
-		Output:      max(u.CompletionTokens, u.OutputTokens),
-		CachedInput: max(u.PromptTokensDetails.CachedTokens, u.InputTokensDetails.CachedTokens, cacheRead),
-		Reasoning:   max(u.CompletionTokensDetails.ReasoningTokens, u.OutputTokensDetails.ReasoningTokens),
-		Seen:        true,
+		Input:         max(u.PromptTokens, u.InputTokens),
+		Output:        max(u.CompletionTokens, u.OutputTokens),
+		CachedInput:   max(deref(u.PromptTokensDetails.CachedTokens), deref(u.InputTokensDetails.CachedTokens), cacheRead),
+		Reasoning:     max(u.CompletionTokensDetails.ReasoningTokens, u.OutputTokensDetails.ReasoningTokens),
+		Seen:          true,
+		CacheReported: given(u.PromptTokensDetails.CachedTokens) || given(u.InputTokensDetails.CachedTokens) || given(u.CacheReadInputTokens),
 	}, true
 }
 
