@@ -197,9 +197,10 @@ func (s *Server) Close() {
 // Config returns the server's configuration, defaults filled in.
 func (s *Server) Config() Config { return s.cfg }
 
-// Hold makes every request that has a slot, or gets one, wait before its
-// prefill until Release: the server looks busy to a router that counts
-// its in-flight requests.
+// Hold makes every request that reaches a slot from now on (queued ones
+// included) wait there, before its prefill, until Release: the server
+// looks busy to a router that counts its in-flight requests. Requests
+// already past that point go on.
 func (s *Server) Hold() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

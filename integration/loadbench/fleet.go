@@ -42,7 +42,7 @@ type fleetParams struct {
 	seed            uint64
 }
 
-func defaultFleet(quick bool) fleetParams {
+func defaultFleet(c *config) fleetParams {
 	p := fleetParams{
 		servers: 3, slots: 2,
 		cacheTokens: 128_000,
@@ -54,8 +54,14 @@ func defaultFleet(quick bool) fleetParams {
 		affinityWait: time.Second,
 		seed:         24,
 	}
-	if quick {
+	if c.quick {
 		p.sessions, p.turns = 6, 4
+	}
+	if c.fleetSlots > 0 {
+		p.slots = c.fleetSlots
+	}
+	if c.fleetSeed != 0 {
+		p.seed = c.fleetSeed
 	}
 	return p
 }
@@ -187,7 +193,7 @@ var fleetRuns = []struct {
 // runFleet runs every row and returns the result; an error means the
 // scenario itself could not run.
 func runFleet(c *config, outDir string) (*fleetResult, error) {
-	p := defaultFleet(c.quick)
+	p := defaultFleet(c)
 	rp := newReplay(p)
 	fr := &fleetResult{p: p}
 	for _, run := range fleetRuns {
@@ -573,6 +579,11 @@ func writeFleetOnly(env runEnv, fr *fleetResult, outDir string) (string, error) 
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("# llm_route load benchmark\n\n%s · %s · fleet scenario only\n", env.start.Format("2006-01-02 15:04 MST"), env.goVersion)
+	pin := fmt.Sprintf("Caddy on CPUs %s; simulated servers + replay on CPUs %s", env.cfg.proxyCPU, cpusAllowed("self"))
+	if env.cfg.proxyCPU == "" {
+		pin = "**no CPU pinning**"
+	}
+	w("\n- Pinning: %s.", pin)
 	w("\n- Load average (1 min) at start %s, at end %s.", env.loadStart, env.loadEnd)
 	if env.cfg.machineNote != "" {
 		w(" %s.", env.cfg.machineNote)

@@ -49,6 +49,8 @@ type config struct {
 	think       time.Duration
 	interval    time.Duration
 	machineNote string
+	fleetSlots  int
+	fleetSeed   uint64
 }
 
 func parseFlags() *config {
@@ -68,6 +70,8 @@ func parseFlags() *config {
 	flag.DurationVar(&c.think, "think", 50*time.Millisecond, "paced stream: delay before the first event")
 	flag.DurationVar(&c.interval, "interval", 5*time.Millisecond, "paced stream: delay between events")
 	flag.StringVar(&c.machineNote, "note", "", "free text for the report header (e.g. how the run was pinned)")
+	flag.IntVar(&c.fleetSlots, "fleet-slots", 2, "fleet scenario: slots of each simulated server (and its max_concurrency)")
+	flag.Uint64Var(&c.fleetSeed, "fleet-seed", 24, "fleet scenario: seed of the session replay")
 	flag.Parse()
 	if c.quick {
 		set := map[string]bool{}
