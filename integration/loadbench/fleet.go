@@ -538,7 +538,7 @@ func (fr *fleetResult) errors() int {
 func (fr *fleetResult) render(w func(string, ...any)) {
 	p := fr.p
 	w("\n## Fleet scenario (cache-aware placement, issue #24)\n\n")
-	w("%d simulated llama.cpp servers (integration/kvsim), %d slot each, KV cache %d tokens each; prefill %v/token, decode %v/token, %d output tokens. "+
+	w("%d simulated llama.cpp servers (integration/kvsim), %d slot(s) each, KV cache %d tokens each; prefill %v/token, decode %v/token, %d output tokens. "+
 		"%d sessions × %d turns (seed %d): shared system prompt %d tokens, first user message %d–%d tokens, tool result %d–%d tokens a turn, think %v–%v, starts within %v. "+
 		"Pool `gpus` of the servers (max_concurrency %d each, model queue); cache_aware with affinity_wait %v. "+
 		"Oracle: each session on a server of its own with an unlimited cache, no router.\n\n",

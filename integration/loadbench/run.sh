@@ -2,7 +2,7 @@
 # Load benchmark of llm_route against a plain reverse_proxy (issue #7).
 #
 #   ./integration/loadbench/run.sh            # full run (~6.5 min, the fleet scenario included)
-#   QUICK=1 ./integration/loadbench/run.sh    # smoke run (~30 s)
+#   QUICK=1 ./integration/loadbench/run.sh    # smoke run (~1.5 min)
 #
 # Builds one Caddy binary with the module and the benchmark program into
 # integration/loadbench/out/bin, pins the proxies to the first allowed CPU and
