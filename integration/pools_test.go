@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -313,4 +314,60 @@ func TestPoolQueuedRequestTakesTheMemberThatFreesUp(t *testing.T) {
 	g0.open()
 	await(t, first)
 	await(t, second)
+}
+
+// sticky with weights [90, 10]: of 1,000 sessions 90 ± 3 % land on the
+// first member; a reload that removes a member moves only its sessions.
+func TestPoolStickyWeightsAndReload(t *testing.T) {
+	ups := []*fakeUpstream{newUpstream(t, completion("a")), newUpstream(t, completion("b")), newUpstream(t, completion("c"))}
+	p := poolProxy(t, ups[:2], 8, "placement", "sticky", "weights", []int{90, 10})
+	member := func(session string) string {
+		t.Helper()
+		resp := p.chat(promptBody("hi"), "Session-Id", session)
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("session %s: status %d: %s", session, resp.StatusCode, body)
+		}
+		return resp.Header.Get("X-LLM-Route-Upstream")
+	}
+	first := 0
+	for i := range 1000 {
+		if member(fmt.Sprintf("user-%d", i)) == "g0" {
+			first++
+		}
+	}
+	if first < 870 || first > 930 {
+		t.Errorf("weights [90, 10]: %d of 1000 sessions on the first member, want 900 ± 30", first)
+	}
+
+	// Three equal members, then a reload without g2.
+	conf := func(ids ...string) map[string]any {
+		var provs, us []map[string]any
+		for i, up := range ups {
+			id := fmt.Sprintf("g%d", i)
+			provs = append(provs, obj("id", "p"+id, "url", up.base()))
+			us = append(us, obj("id", id, "provider", "p"+id, "model", "x", "max_concurrency", 8))
+		}
+		return cfg(provs, us, []map[string]any{obj("name", "m", "upstreams", []string{"gpus"})},
+			"pools", []map[string]any{obj("id", "gpus", "upstreams", ids, "placement", "sticky")})
+	}
+	p.load(conf("g0", "g1", "g2"))
+	before := map[string]string{}
+	for i := range 300 {
+		s := fmt.Sprintf("dev-%d", i)
+		before[s] = member(s)
+	}
+	p.load(conf("g0", "g1"))
+	moved := 0
+	for s, was := range before {
+		now := member(s)
+		if was != "g2" && now != was {
+			t.Errorf("session %s moved from %s to %s when only g2 was removed", s, was, now)
+		}
+		if was == "g2" {
+			moved++
+		}
+	}
+	if moved == 0 || moved > 150 {
+		t.Errorf("%d of 300 sessions were on g2, want about a third", moved)
+	}
 }

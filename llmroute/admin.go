@@ -148,7 +148,7 @@ func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
 		errUnknownModel(name).write(w)
 		return nil
 	}
-	in := &placeInput{body: body, codec: codecs[a], led: rt.ledger(), key: q.Get("session"), now: time.Now()}
+	in := &placeInput{body: body, codec: codecs[a], led: rt.ledger(), key: q.Get("session"), now: time.Now(), explain: true}
 	if body != nil {
 		in.r = r // the session headers sent with it
 	}

@@ -80,6 +80,10 @@ type attemptResult struct {
 	// cont: the stream broke and is handed to a continuation (resume.go);
 	// the serve loop runs it once this attempt is recorded.
 	cont *continuation
+	// placement and affinity are a pool member's placement (its
+	// X-LLM-Route-Placement) and the short hash of the request's affinity
+	// key, for the completion log; "" outside a pool.
+	placement, affinity string
 }
 
 // Reasons a stream can end abnormally after its first byte reached the
@@ -99,6 +103,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 	recorded := false
 	defer h.finishOnPanic(rt, t, &res, start, fr.arrival, &recorded)
 	res = h.exchangeRetrying(w, r, rt, t, body, fr)
+	res.placement, res.affinity = fr.place.logged(t)
 	h.finish(rt, t, res, start, fr.arrival)
 	recorded = true
 	if res.abort {
@@ -283,8 +288,17 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
 			zap.Int64("slot_released", n), limitField(u.Limit), zap.Stringer("api", res.api), zap.String("mode", res.mode),
 			zap.Int64("input_tokens", res.usage.Input), zap.Int64("output_tokens", res.usage.Output),
-			ttftField(res, arrival), zap.Duration("request_duration", now.Sub(arrival)))
+			ttftField(res, arrival), zap.Duration("request_duration", now.Sub(arrival)),
+			optionalString("placement", res.placement), optionalString("affinity", res.affinity))
 	}
+}
+
+// optionalString is a string field, left out when empty.
+func optionalString(key, val string) zap.Field {
+	if val == "" {
+		return zap.Skip()
+	}
+	return zap.String(key, val)
 }
 
 // recordSuccess resets the failure streak and ends the backoff.

@@ -156,49 +156,59 @@ type promptShape struct {
 	key [2]string
 }
 
-// read returns the raw values of the prompt's members in body (nil when
-// absent) and the affinity key's string interior (nil when absent).
-func (sh *promptShape) read(body []byte) (parts [3][]byte, key []byte) {
-	it := jsonscan.IterObject(body, jsonscan.SkipWS(body, 0), false)
-	var m jsonscan.Member
-	for it.Next(&m) {
-		for i, name := range sh.parts {
-			if name != "" && jsonscan.KeyIs(body, &m, name) {
-				parts[i] = body[m.Vs:m.Ve]
+// spans names the members the request parse notes for sh
+// (transform.ParseRequestKeys): the prompt's, then the key's top-level one.
+func (sh *promptShape) spans() transform.Spans {
+	return transform.Spans{Names: [4]string{sh.parts[0], sh.parts[1], sh.parts[2], sh.key[0]}}
+}
+
+// read returns the raw values of the prompt's members (nil when absent)
+// and the affinity key's string interior (nil when absent), from the
+// spans the request's parse noted: only a nested key's object is scanned.
+func (sh *promptShape) read(body []byte, sp *transform.Spans) (parts [3][]byte, key []byte) {
+	value := func(i int) []byte {
+		if sp.At[i][1] == 0 {
+			return nil
+		}
+		return body[sp.At[i][0]:sp.At[i][1]]
+	}
+	for i := range parts {
+		parts[i] = value(i)
+	}
+	v := value(3)
+	if sh.key[1] != "" && len(v) > 0 && v[0] == '{' {
+		obj := v
+		v = nil
+		it := jsonscan.IterObject(obj, 0, false)
+		var m jsonscan.Member
+		for it.Next(&m) {
+			if jsonscan.KeyIs(obj, &m, sh.key[1]) {
+				v = obj[m.Vs:m.Ve]
 			}
 		}
-		if sh.key[0] == "" || !jsonscan.KeyIs(body, &m, sh.key[0]) {
-			continue
-		}
-		v := body[m.Vs:m.Ve]
-		if sh.key[1] != "" {
-			v = nil
-			if body[m.Vs] == '{' {
-				in := jsonscan.IterObject(body, m.Vs, false)
-				var mm jsonscan.Member
-				for in.Next(&mm) {
-					if jsonscan.KeyIs(body, &mm, sh.key[1]) {
-						v = body[mm.Vs:mm.Ve]
-					}
-				}
-			}
-		}
-		if len(v) > 2 && v[0] == '"' {
-			key = v[1 : len(v)-1]
-		}
+	} else if sh.key[1] != "" {
+		v = nil
+	}
+	if len(v) > 2 && v[0] == '"' {
+		key = v[1 : len(v)-1]
 	}
 	return parts, key
 }
 
 // placeInput is what a placement knows of the request.
 type placeInput struct {
-	r     *http.Request   // nil: explain without a request
-	repl  *caddy.Replacer // for a pool's affinity_key
-	body  []byte          // the client's body (nil: none)
-	codec codec           // the front's, for the prompt and session
-	led   ledger.Ledger   // the handler's: shared pins, the session registry
-	key   string          // an affinity key given outright (explain's session=)
+	r    *http.Request   // nil: explain without a request
+	repl *caddy.Replacer // for a pool's affinity_key
+	body []byte          // the client's body (nil: none)
+	// spans are where the request's parse found the codec's prompt
+	// members (codec.prompt().spans()); nil: not parsed that way yet.
+	spans *transform.Spans
+	codec codec         // the front's, for the prompt and session
+	led   ledger.Ledger // the handler's: shared pins, the session registry
+	key   string        // an affinity key given outright (explain's session=)
 	now   time.Time
+	// explain: rank without moving any rotation (status.go's explain)
+	explain bool
 }
 
 // stepPlace is one pool step's placement for a request.
@@ -235,6 +245,10 @@ type placing struct {
 	hasKey, keyDone bool
 	// waited is how long the request waited for its warm member.
 	waited time.Duration
+	// placed is the X-LLM-Route-Placement of the target last sent (its
+	// base in placedAt), for the completion log.
+	placed   string
+	placedAt int
 }
 
 var placings = sync.Pool{New: func() any { return new(placing) }}
@@ -303,7 +317,7 @@ func (pl *placing) placeStep(ts []target, p *pool, in *placeInput) {
 		pl.nsteps++
 		*sp = stepPlace{pool: p, step: ts[0].step, warm: -1}
 	}
-	req := placement.Request{Now: in.now}
+	req := placement.Request{Now: in.now, Peek: in.explain}
 	pp := &p.place
 	if sp != nil && (p.policy == placement.Sticky || p.policy == placement.CacheAware) {
 		sp.key, sp.hasKey = pl.keyFor(p, in)
@@ -394,10 +408,19 @@ func (pl *placing) requestKey(in *placeInput) string {
 }
 
 func (pl *placing) readPrompt(in *placeInput) {
-	if !pl.read && in.codec != nil {
-		pl.read = true
-		pl.parts, pl.bodyKey = in.codec.prompt().read(in.body)
+	if pl.read || in.codec == nil {
+		return
 	}
+	pl.read = true
+	sh := in.codec.prompt()
+	if in.spans == nil {
+		sp := sh.spans()
+		if _, _, _, err := transform.ParseRequestKeys(in.body, nil, &sp); err != nil {
+			return
+		}
+		in.spans = &sp
+	}
+	pl.parts, pl.bodyKey = sh.read(in.body, in.spans)
 }
 
 // chainOf is the prompt's block chain, hashed once per request.
@@ -473,8 +496,9 @@ func (pl *placing) sent(hdr http.Header, t *target, now time.Time) {
 		p.counters[t.member][kind].Inc()
 		p.state.members[t.member].placed[kind].Add(1)
 	}
+	pl.placed, pl.placedAt = placementHeader(p.policy, reason, kind, pl.waited), t.base
 	if hdr != nil {
-		hdr[hdrRoutePlacement] = []string{placementHeader(p.policy, reason, kind, pl.waited)}
+		hdr[hdrRoutePlacement] = []string{pl.placed}
 	}
 	if p.policy != placement.CacheAware {
 		return
@@ -484,6 +508,19 @@ func (pl *placing) sent(hdr http.Header, t *target, now time.Time) {
 	if sp.hasKey {
 		x.Pin(sp.key, t.member, now)
 	}
+}
+
+// logged is what the completion log says of t's placement: the
+// placement and the affinity key's short hash ("" outside a pool).
+func (pl *placing) logged(t *target) (placed, affinity string) {
+	sp := pl.stepOf(t)
+	if sp == nil || pl.placedAt != t.base || pl.placed == "" {
+		return "", ""
+	}
+	if sp.hasKey {
+		affinity = shortHash(sp.key)
+	}
+	return pl.placed, affinity
 }
 
 // placementHeader is X-LLM-Route-Placement's value: the policy and the

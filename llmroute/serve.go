@@ -87,7 +87,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		h.refuse(w, r, f, *apiErr)
 		return nil
 	}
-	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys)
+	// The members a pool's placement reads are noted in the same pass.
+	spans := frontCodecs[f].prompt().spans()
+	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys, &spans)
 	if err != nil {
 		switch {
 		case errors.Is(err, transform.ErrNoModel):
@@ -134,7 +136,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	// (every variant keeps its targets' place in it).
 	fr.session = fr.codec.session(r)
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	fr.place = placeRequest(h.table.routes[model], &placeInput{r: r, repl: repl, body: body, codec: fr.codec, led: h.led, now: time.Now()})
+	fr.place = placeRequest(h.table.routes[model], &placeInput{r: r, repl: repl, body: body, spans: &spans, codec: fr.codec, led: h.led, now: time.Now()})
 	defer donePlacing(fr.place)
 	var kr *keyReq
 	if key != nil {

@@ -137,6 +137,9 @@ type Request struct {
 	Chain []uint64
 	// Now is the decision's time, for the index's ageing.
 	Now time.Time
+	// Peek ranks without moving least_busy's rotation (an explanation
+	// of what the next request would get, not a decision).
+	Peek bool
 }
 
 // Decision tells the caller about cache_aware's warm choice.
@@ -203,17 +206,22 @@ func (p *Pool) Rank(ms []Member, req Request, order []int, reasons []Reason) Dec
 		}
 		return d
 	default:
-		p.leastBusy(ms, order, reasons, -1)
+		p.leastBusy(ms, order, reasons, -1, req.Peek)
 	}
 	partition(ms, order, reasons)
 	return d
 }
 
 // leastBusy fills order with ascending load, ties round-robin; skip (when
-// ≥ 0) is left out and order is filled from its start with the others.
-func (p *Pool) leastBusy(ms []Member, order []int, reasons []Reason, skip int) {
+// ≥ 0) is left out and order is filled from its start with the others;
+// peek leaves the rotation where it is.
+func (p *Pool) leastBusy(ms []Member, order []int, reasons []Reason, skip int, peek bool) {
 	n := len(ms)
-	start := int(p.rr.Add(1) % uint64(n))
+	turn := p.rr.Load() + 1
+	if !peek {
+		turn = p.rr.Add(1)
+	}
+	start := int(turn % uint64(n))
 	k := 0
 	for i := range n {
 		if i == skip {
@@ -279,7 +287,7 @@ func (p *Pool) cacheAware(ms []Member, req Request, order []int, reasons []Reaso
 	n := len(ms)
 	x := p.Index
 	if x == nil {
-		p.leastBusy(ms, order, reasons, -1)
+		p.leastBusy(ms, order, reasons, -1, req.Peek)
 		return d
 	}
 	var sbuf [maxStack]int
@@ -321,12 +329,12 @@ func (p *Pool) cacheAware(ms []Member, req Request, order []int, reasons []Reaso
 		}
 	}
 	if d.Member < 0 {
-		p.leastBusy(ms, order, reasons, -1)
+		p.leastBusy(ms, order, reasons, -1, req.Peek)
 		bySessions(ms, sessions, order)
 		return d
 	}
 	order[0], reasons[0] = d.Member, d.Reason
-	p.leastBusy(ms, order[1:], reasons[1:], d.Member)
+	p.leastBusy(ms, order[1:], reasons[1:], d.Member, req.Peek)
 	return d
 }
 

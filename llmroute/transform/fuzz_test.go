@@ -465,7 +465,7 @@ func FuzzParseRequestKeys(f *testing.F) {
 	f.Add([]byte(`{"messages":[],"model":"m","top_p":1,"messages":{}}`))
 	watch := []string{"temperature", "top_p", "provider"}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		_, _, dups, err := ParseRequestKeys(body, watch)
+		_, _, dups, err := ParseRequestKeys(body, watch, nil)
 		if err == ErrBadJSON || !utf8.Valid(body) {
 			return
 		}

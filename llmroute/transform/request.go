@@ -27,15 +27,26 @@ var (
 // "messages" is ErrDuplicateKey; a missing or non-string model is ErrNoModel.
 // The model's only allocation is the returned string.
 func ParseRequest(body []byte) (model string, stream bool, err error) {
-	model, stream, _, err = ParseRequestKeys(body, nil)
+	model, stream, _, err = ParseRequestKeys(body, nil, nil)
 	return model, stream, err
+}
+
+// Spans names top-level members whose values ParseRequestKeys notes in
+// its pass ("" unused): a pool's placement reads the prompt from them
+// without scanning the body again.
+type Spans struct {
+	Names [4]string
+	// At is each named member's value as body[At[i][0]:At[i][1]]; 0, 0
+	// when absent (the last of a repeated member wins).
+	At [4][2]int
 }
 
 // ParseRequestKeys is ParseRequest that also watches more top-level keys, in
 // the same single pass: bit i of dups is set when watch[i] occurs more than
 // once (watch entries from index 63 on share bit 63). The caller decides
-// which of them matter (the keys the chosen route's patches write).
-func ParseRequestKeys(body []byte, watch []string) (model string, stream bool, dups uint64, err error) {
+// which of them matter (the keys the chosen route's patches write). When
+// spans is not nil, the values of the members it names are noted in it.
+func ParseRequestKeys(body []byte, watch []string, spans *Spans) (model string, stream bool, dups uint64, err error) {
 	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return "", false, 0, ErrBadJSON
@@ -51,6 +62,13 @@ func ParseRequestKeys(body []byte, watch []string) (model string, stream bool, d
 		key := body[m.Ks:m.Ke]
 		if m.Kesc {
 			key = jsonscan.AppendUnescape(tmp[:0], key)
+		}
+		if spans != nil {
+			for i, name := range spans.Names {
+				if name != "" && string(key) == name {
+					spans.At[i] = [2]int{m.Vs, m.Ve}
+				}
+			}
 		}
 		switch string(key) {
 		case "model":

@@ -76,7 +76,7 @@ func TestParseRequestKeys(t *testing.T) {
 		{`{"model":"m","nested":{"temperature":1,"temperature":2}}`, 0},
 	}
 	for _, c := range cases {
-		model, _, dups, err := ParseRequestKeys([]byte(c.body), watch)
+		model, _, dups, err := ParseRequestKeys([]byte(c.body), watch, nil)
 		if err != nil || model != "m" || dups != c.dups {
 			t.Errorf("ParseRequestKeys(%s) = %q, %b, %v; want m, %b", c.body, model, dups, err, c.dups)
 		}
@@ -86,7 +86,7 @@ func TestParseRequestKeys(t *testing.T) {
 	for i := range many {
 		many[i] = fmt.Sprintf("k%d", i)
 	}
-	if _, _, dups, _ := ParseRequestKeys([]byte(`{"model":"m","k69":1,"k69":2}`), many); dups&(1<<63) == 0 {
+	if _, _, dups, _ := ParseRequestKeys([]byte(`{"model":"m","k69":1,"k69":2}`), many, nil); dups&(1<<63) == 0 {
 		t.Errorf("duplicate of the 70th watched key missed: %b", dups)
 	}
 }
@@ -254,5 +254,19 @@ func TestBackfillSeesPatchedBody(t *testing.T) {
 	want = `{"messages":[{"role":"assistant","reasoning":"r","reasoning_content":"r"}],"model":"x","provider":{"sort":"price"}}`
 	if string(got) != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+}
+
+// The members a Spans names are noted in the same pass, escaped keys
+// included; an absent one stays 0, 0.
+func TestParseRequestKeysSpans(t *testing.T) {
+	body := []byte(`{"model":"m","sys\u0074em":"be brief","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	sp := Spans{Names: [4]string{"system", "messages", "tools"}}
+	if _, _, _, err := ParseRequestKeys(body, nil, &sp); err != nil {
+		t.Fatal(err)
+	}
+	got := func(i int) string { return string(body[sp.At[i][0]:sp.At[i][1]]) }
+	if got(0) != `"be brief"` || got(1) != `[{"role":"user","content":"hi"}]` || sp.At[2] != [2]int{} {
+		t.Errorf("spans %q %q %v", got(0), got(1), sp.At[2])
 	}
 }

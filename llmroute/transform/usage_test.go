@@ -8,7 +8,7 @@ import (
 
 func TestUsageScanner(t *testing.T) {
 	cases := []struct {
-		name   string
+		name    string
 		pieces  []string
 		want    Usage
 		timings bool

@@ -1,0 +1,551 @@
+package integration
+
+// cache_aware placement against fake inference servers that keep a prompt
+// cache as llama.cpp's server does: a conversation's later turns reach
+// the member that holds its history, with or without a session header;
+// a busy warm member is waited for within affinity_wait; a cooling one is
+// skipped at once; a member whose report contradicts its index loses it.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// promptServer is a fake llama.cpp server with a prompt cache: it keeps
+// every prompt it processed and reports the longest prefix of a new one
+// it holds (4 bytes a token) as usage.prompt_tokens_details.cached_tokens
+// and timings.cache_n. A request whose last message says "hold" waits for
+// the hold gate, "stall" for the stall gate; reportZero makes it report 0
+// reused whatever it holds; failing answers 500.
+type promptServer struct {
+	*fakeUpstream
+	hold, stall *gate
+
+	mu         sync.Mutex
+	prompts    []string
+	reportZero bool
+	failing    bool
+}
+
+func newPromptServer(t *testing.T) *promptServer {
+	s := &promptServer{hold: newGate(), stall: newGate()}
+	t.Cleanup(s.hold.open)
+	t.Cleanup(s.stall.open)
+	s.fakeUpstream = newUpstream(t, s.serve)
+	return s
+}
+
+func (s *promptServer) serve(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Messages json.RawMessage `json:"messages"`
+		Tools    json.RawMessage `json:"tools"`
+	}
+	body, _ := io.ReadAll(r.Body)
+	_ = json.Unmarshal(body, &req)
+	prompt := string(req.Messages) + string(req.Tools)
+	var msgs []struct {
+		Content any `json:"content"`
+	}
+	_ = json.Unmarshal(req.Messages, &msgs)
+	last := ""
+	if len(msgs) > 0 {
+		last = fmt.Sprint(msgs[len(msgs)-1].Content)
+	}
+	s.mu.Lock()
+	failing := s.failing
+	s.mu.Unlock()
+	if failing {
+		http.Error(w, `{"error":{"message":"overloaded"}}`, http.StatusInternalServerError)
+		return
+	}
+	for marker, g := range map[string]*gate{"hold": s.hold, "stall": s.stall} {
+		if !strings.HasSuffix(last, marker) {
+			continue
+		}
+		g.arrived <- struct{}{}
+		select {
+		case <-g.release:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	s.mu.Lock()
+	cached := 0
+	for _, p := range s.prompts {
+		n := 0
+		for n < len(p) && n < len(prompt) && p[n] == prompt[n] {
+			n++
+		}
+		cached = max(cached, n/4)
+	}
+	if s.reportZero {
+		cached = 0
+	}
+	s.prompts = append(s.prompts, prompt)
+	s.mu.Unlock()
+	total := len(prompt) / 4
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"id":"c","object":"chat.completion","model":"x","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],`+
+		`"usage":{"prompt_tokens":%d,"completion_tokens":1,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}},`+
+		`"timings":{"cache_n":%d,"prompt_n":%d,"predicted_n":1}}`, total, total+1, cached, cached, total-cached)
+}
+
+// conversation is a coding agent's growing history: a shared system
+// prompt, its own task, and a tool result appended every turn.
+type conversation struct {
+	id   string
+	msgs []map[string]any
+}
+
+func newConversation(id, system string) *conversation {
+	return &conversation{id: id, msgs: []map[string]any{
+		{"role": "system", "content": system},
+		{"role": "user", "content": "task " + id + ": " + strings.Repeat("fix the parser in "+id+" ", 60)},
+	}}
+}
+
+// next appends the assistant's last answer and a tool result, and returns
+// the turn's body.
+func (c *conversation) next(turn int, extra string) string {
+	if turn > 0 {
+		c.msgs = append(c.msgs,
+			map[string]any{"role": "assistant", "content": "running the tests of " + c.id},
+			map[string]any{"role": "user", "content": fmt.Sprintf("tool result %d of %s: %s%s", turn, c.id,
+				strings.Repeat("ok line "+c.id+" ", 80), extra)})
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "messages": c.msgs})
+	return string(b)
+}
+
+// placementProxy starts a proxy whose model m is one cache_aware pool of
+// servers (members g0, g1, …, limit each), then cloud last if given.
+func placementProxy(t *testing.T, servers []*promptServer, limit int, pool ...any) *proxy {
+	t.Helper()
+	var provs, ups []map[string]any
+	var ids []string
+	for i, s := range servers {
+		id := fmt.Sprintf("g%d", i)
+		provs = append(provs, obj("id", "p"+id, "url", s.base(), "backoff", "30s", "probe_interval", "0s"))
+		ups = append(ups, obj("id", id, "provider", "p"+id, "model", "x", "max_concurrency", limit))
+		ids = append(ids, id)
+	}
+	return startProxy(t, cfg(provs, ups, []map[string]any{obj("name", "m", "upstreams", []string{"gpus"}, "queue_size", 16)},
+		"pools", []map[string]any{obj(append([]any{"id", "gpus", "upstreams", ids, "placement", "cache_aware"}, pool...)...)}))
+}
+
+// send posts one turn and returns the member that answered and the
+// placement header.
+func send(t *testing.T, p *proxy, body string, hdr ...string) (string, string) {
+	t.Helper()
+	resp := p.chat(body, hdr...)
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	return resp.Header.Get("X-LLM-Route-Upstream"), resp.Header.Get("X-LLM-Route-Placement")
+}
+
+// Eight interleaved conversations sharing a system prompt, on three idle
+// members: the first turns spread over the members, every later turn goes
+// to its conversation's member — with the client's session header, and
+// with no header at all (the history's own session) — and the members
+// report reusing most of each later prompt.
+func TestCacheAwareKeepsEachConversationOnItsMember(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		header func(conv string) []string
+	}{
+		{"session header", func(c string) []string { return []string{"X-Session-Affinity", "s-" + c} }},
+		{"no session header", func(string) []string { return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+			p := placementProxy(t, servers, 2)
+			system := "You are a careful coding agent. " + strings.Repeat("Follow the repository's style. ", 40)
+			convs := make([]*conversation, 8)
+			home := map[string]string{}
+			perMember := map[string]int{}
+			for i := range convs {
+				convs[i] = newConversation(fmt.Sprintf("c%d", i), system)
+			}
+			for turn := range 5 {
+				for _, c := range convs {
+					got, placed := send(t, p, c.next(turn, ""), tc.header(c.id)...)
+					if turn == 0 {
+						home[c.id] = got
+						perMember[got]++
+						continue
+					}
+					if got != home[c.id] {
+						t.Errorf("turn %d of %s went to %s (%s), its history is on %s", turn, c.id, got, placed, home[c.id])
+					}
+					if placed != "cache_aware pinned" {
+						t.Errorf("turn %d of %s: X-LLM-Route-Placement %q, want cache_aware pinned", turn, c.id, placed)
+					}
+				}
+			}
+			for _, id := range []string{"g0", "g1", "g2"} {
+				if perMember[id] < 2 {
+					t.Errorf("first turns per member %v: want them spread (each at least 2 of 8)", perMember)
+				}
+			}
+			st := poolStatusOf(t, p)
+			for _, m := range st.Members {
+				if m.CachedRatio == nil || *m.CachedRatio < 0.6 {
+					t.Errorf("member %s: cached ratio %v, want most of the prompts reused", m.Upstream, m.CachedRatio)
+				}
+				if m.Placements["pinned"] == 0 {
+					t.Errorf("member %s: placements %v, want pinned ones", m.Upstream, m.Placements)
+				}
+			}
+			if n := p.metric("llm_proxy_placements_total", "pool", "gpus", "upstream", home["c0"], "reason", "pinned"); n < 4 {
+				t.Errorf("llm_proxy_placements_total pinned for %s = %v, want c0's 4 later turns at least", home["c0"], n)
+			}
+			// The completion log names the placement and only a hash of
+			// the session.
+			pinned := 0
+			for _, e := range p.logEntries("request completed") {
+				if e["placement"] == "cache_aware pinned" {
+					pinned++
+				}
+				if a, _ := e["affinity"].(string); len(a) != 8 {
+					t.Errorf("completion log affinity %q, want an 8-digit hash", a)
+				}
+			}
+			if pinned != 32 {
+				t.Errorf("%d completion log lines say cache_aware pinned, want 32", pinned)
+			}
+			if strings.Contains(p.logs(), "s-c0") {
+				t.Error("the log holds a session key")
+			}
+		})
+	}
+}
+
+type poolStatusJSON struct {
+	ID        string `json:"id"`
+	Placement string `json:"placement"`
+	Members   []struct {
+		Upstream    string           `json:"upstream"`
+		Placements  map[string]int64 `json:"placements"`
+		CachedRatio *float64         `json:"cached_ratio"`
+	} `json:"members"`
+}
+
+func poolStatusOf(t *testing.T, p *proxy) poolStatusJSON {
+	t.Helper()
+	resp, err := testClient.Get(p.admin + "/llm_route/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Pools []poolStatusJSON `json:"pools"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Pools) != 1 {
+		t.Fatalf("status pools: %v, %+v", err, st.Pools)
+	}
+	resp.Body.Close()
+	return st.Pools[0]
+}
+
+// A busy warm member is waited for (affinity_wait) when it frees within
+// the wait, and left for a cold member when it does not.
+func TestCacheAwareWaitsForABusyWarmMember(t *testing.T) {
+	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	p := placementProxy(t, servers, 1, "affinity_wait", "2s")
+	c := newConversation("w", "You are a careful coding agent.")
+	hdr := []string{"X-Session-Affinity", "s-w"}
+	home, _ := send(t, p, c.next(0, ""), hdr...)
+	warm := servers[home[1]-'0']
+
+	// A turn of the same session holds the warm member; the next one waits.
+	held := p.goChat(context.Background(), c.next(1, " hold"), hdr...)
+	warm.hold.waitArrivals(t, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		warm.hold.open()
+	}()
+	got, placed := send(t, p, c.next(2, ""), hdr...)
+	if got != home || !strings.HasPrefix(placed, "cache_aware waited ") {
+		t.Errorf("with the warm member freeing within the wait: %s (%s), want %s after a wait", got, placed, home)
+	}
+	await(t, held)
+
+	// Held past the wait: the turn goes to a cold member after it.
+	held = p.goChat(context.Background(), c.next(3, " stall"), hdr...)
+	warm.stall.waitArrivals(t, 1)
+	start := time.Now()
+	got, placed = send(t, p, c.next(4, ""), hdr...)
+	if got == home || placed != "cache_aware cold" {
+		t.Errorf("with the warm member held past the wait: %s (%s), want a cold member", got, placed)
+	}
+	if waited := time.Since(start); waited < 1900*time.Millisecond {
+		t.Errorf("left the warm member after %v, want after affinity_wait 2s", waited)
+	}
+	warm.stall.open()
+	await(t, held)
+}
+
+// A cooling warm member is skipped at once, affinity_wait or not.
+func TestCacheAwareSkipsACoolingWarmMember(t *testing.T) {
+	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	p := placementProxy(t, servers, 2, "affinity_wait", "5s")
+	c := newConversation("k", "You are a careful coding agent.")
+	hdr := []string{"X-Session-Affinity", "s-k"}
+	home, _ := send(t, p, c.next(0, ""), hdr...)
+	warm := servers[home[1]-'0']
+	warm.mu.Lock()
+	warm.failing = true
+	warm.mu.Unlock()
+	// Other sessions' first turns until one fails on the warm member,
+	// which cools it.
+	for i := 0; i < 12 && len(warm.Calls()) < 2; i++ {
+		send(t, p, promptBody(fmt.Sprintf("other %d", i)), "X-Session-Affinity", fmt.Sprintf("o%d", i))
+	}
+	if len(warm.Calls()) < 2 {
+		t.Fatal("no request reached the warm member to cool it")
+	}
+	start := time.Now()
+	got, placed := send(t, p, c.next(1, ""), hdr...)
+	if got == home || placed != "cache_aware cold" {
+		t.Errorf("warm member cooling: %s (%s), want a cold member", got, placed)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("took %v: a cooling member is not waited for", d)
+	}
+}
+
+// A member that reports reusing nothing of what its index predicted loses
+// that prefix and the session's pin: the next turn is placed afresh.
+func TestCacheAwareForgetsWhatAMemberDidNotHold(t *testing.T) {
+	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	p := placementProxy(t, servers, 2)
+	c := newConversation("z", "You are a careful coding agent.")
+	hdr := []string{"X-Session-Affinity", "s-z"}
+	home, _ := send(t, p, c.next(0, ""), hdr...)
+	warm := servers[home[1]-'0']
+	if got, placed := send(t, p, c.next(1, ""), hdr...); got != home || placed != "cache_aware pinned" {
+		t.Fatalf("turn 1: %s (%s), want pinned to %s", got, placed, home)
+	}
+	warm.mu.Lock()
+	warm.reportZero = true // its cache was evicted meanwhile
+	warm.mu.Unlock()
+	if got, _ := send(t, p, c.next(2, ""), hdr...); got != home {
+		t.Fatalf("turn 2 went to %s, want still pinned to %s", got, home)
+	}
+	// Explain sees the session's next turn: no pin, no warm prefix there.
+	body := c.next(3, "")
+	resp, err := testClient.Post(p.admin+"/llm_route/explain?session=s-z", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ex struct {
+		Upstreams []struct {
+			ID        string `json:"id"`
+			Placement *struct {
+				Rank   int    `json:"rank"`
+				Reason string `json:"reason"`
+			} `json:"placement"`
+		} `json:"upstreams"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ex); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, u := range ex.Upstreams {
+		if u.Placement == nil {
+			t.Fatalf("explain: member %s has no placement", u.ID)
+		}
+		if u.ID == home && (u.Placement.Reason == "pinned" || strings.HasPrefix(u.Placement.Reason, "warm")) {
+			t.Errorf("explain after the contradicting report: %s still %s", home, u.Placement.Reason)
+		}
+	}
+	if _, placed := send(t, p, body, hdr...); placed == "cache_aware pinned" || strings.HasPrefix(placed, "cache_aware warm") {
+		t.Errorf("turn 3 after the contradicting report: %s, want placed afresh", placed)
+	}
+}
+
+// Explain ranks a pool's members for a session and for a POSTed body, and
+// names the key only by a short hash; a session the pool has not seen
+// whose history a member holds finds it warm through the prefix index.
+func TestExplainRanksPoolMembers(t *testing.T) {
+	servers := []*promptServer{newPromptServer(t), newPromptServer(t)}
+	p := placementProxy(t, servers, 2)
+	c := newConversation("e", "You are a careful coding agent.")
+	turn0 := c.next(0, "")
+	home, _ := send(t, p, turn0, "X-Session-Affinity", "secret-session-e")
+	for _, req := range []func() (*http.Response, error){
+		func() (*http.Response, error) {
+			return testClient.Get(p.admin + "/llm_route/explain?model=m&session=secret-session-e")
+		},
+		func() (*http.Response, error) {
+			r, _ := http.NewRequest(http.MethodPost, p.admin+"/llm_route/explain", strings.NewReader(c.next(1, "")))
+			r.Header.Set("X-Session-Affinity", "secret-session-e")
+			return testClient.Do(r)
+		},
+	} {
+		resp, err := req()
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(raw), "secret-session-e") {
+			t.Errorf("explain shows the affinity key itself: %s", raw)
+		}
+		var ex struct {
+			Affinity  string `json:"affinity"`
+			Upstreams []struct {
+				ID        string `json:"id"`
+				Placement *struct {
+					Pool   string `json:"pool"`
+					Rank   int    `json:"rank"`
+					Reason string `json:"reason"`
+				} `json:"placement"`
+			} `json:"upstreams"`
+		}
+		if err := json.Unmarshal(raw, &ex); err != nil || len(ex.Upstreams) != 2 {
+			t.Fatalf("explain: %v %s", err, raw)
+		}
+		first := ex.Upstreams[0]
+		if len(ex.Affinity) != 8 || first.ID != home || first.Placement == nil || first.Placement.Rank != 1 ||
+			first.Placement.Reason != "pinned" || first.Placement.Pool != "gpus" {
+			t.Errorf("explain: %s, want %s ranked 1 pinned in pool gpus, and an 8-digit affinity hash", raw, home)
+		}
+	}
+	// Another session with the same history: no pin, the prefix index.
+	r, _ := http.NewRequest(http.MethodPost, p.admin+"/llm_route/explain", strings.NewReader(turn0))
+	r.Header.Set("X-Session-Affinity", "a-fork")
+	resp, err := testClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(raw2s(raw), `{"id":"`+home+`","verdict":"available","detail":"would take it, 0/2 slots in use","placement":{"pool":"gpus","rank":1,"reason":"warm 1.00"}`) {
+		t.Errorf("explain of a new session with a known history: %s, want %s ranked 1 warm", raw, home)
+	}
+}
+
+func raw2s(b []byte) string { return string(b) }
+
+// The sessions recorded from Claude Code (x-claude-code-session-id) and
+// Codex (session-id, prompt_cache_key), and opencode's x-session-affinity:
+// each client's session stays on one member, and different sessions of
+// the same client spread.
+func TestCacheAwarePinsRecordedClientSessions(t *testing.T) {
+	type recorded struct {
+		Requests []struct {
+			URL     string            `json:"url"`
+			Headers map[string]string `json:"headers"`
+			Body    json.RawMessage   `json:"body"`
+		} `json:"requests"`
+	}
+	load := func(name string) (string, map[string]string, []byte) {
+		raw, err := os.ReadFile("testdata/clients/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r recorded
+		if err := json.Unmarshal(raw, &r); err != nil || len(r.Requests) == 0 {
+			t.Fatalf("%s: %v", name, err)
+		}
+		q := r.Requests[0]
+		return q.URL, q.Headers, q.Body
+	}
+	opencode := []byte(`{"model":"m","messages":[{"role":"system","content":"You are opencode, an interactive CLI tool."},{"role":"user","content":"list the files"}],"stream":false}`)
+	for _, tc := range []struct {
+		name, file, path, header string
+	}{
+		{"claude code", "claude-code-2.1.328.messages.json", "/v1/messages", "x-claude-code-session-id"},
+		{"codex", "codex-0.169.0.responses.json", "/v1/responses", "session-id"},
+		{"opencode", "", "/v1/chat/completions", "x-session-affinity"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+			p := placementProxy(t, servers, 4)
+			hdrs, body := map[string]string{}, opencode
+			if tc.file != "" {
+				_, hdrs, body = load(tc.file)
+			}
+			var m map[string]any
+			_ = json.Unmarshal(body, &m)
+			m["model"], m["stream"] = "m", false
+			body, _ = json.Marshal(m)
+			post := func(session string) string {
+				r, _ := http.NewRequest(http.MethodPost, p.URL+tc.path, strings.NewReader(string(body)))
+				for k, v := range hdrs {
+					if !strings.EqualFold(k, "content-length") && !strings.EqualFold(k, "host") && !strings.EqualFold(k, "accept-encoding") {
+						r.Header.Set(k, v)
+					}
+				}
+				r.Header.Set("Content-Type", "application/json")
+				r.Header.Set(tc.header, session)
+				resp, err := testClient.Do(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d: %s", resp.StatusCode, b)
+				}
+				return resp.Header.Get("X-LLM-Route-Upstream")
+			}
+			home := post("session-one")
+			for i := range 5 {
+				if got := post("session-one"); got != home {
+					t.Errorf("request %d of one session went to %s, the session is on %s", i, got, home)
+				}
+			}
+			seen := map[string]bool{}
+			for i := range 6 {
+				seen[post(fmt.Sprintf("session-%d", i+2))] = true
+			}
+			if len(seen) < 2 {
+				t.Errorf("six sessions all went to %v: sessions should spread", seen)
+			}
+		})
+	}
+}
+
+// Two Caddy processes on one Redis: a conversation whose turns alternate
+// between them stays on one member (the pin is shared; each process's
+// prefix index is its own).
+func TestCacheAwarePinSharedThroughRedis(t *testing.T) {
+	rs := startRedis(t)
+	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	var provs, ups []map[string]any
+	for i, s := range servers {
+		id := fmt.Sprintf("g%d", i)
+		provs = append(provs, obj("id", "p"+id, "url", s.base()))
+		ups = append(ups, obj("id", id, "provider", "p"+id, "model", "x", "max_concurrency", 2))
+	}
+	conf := cfg(provs, ups, []map[string]any{obj("name", "m", "upstreams", []string{"gpus"})},
+		"pools", []map[string]any{obj("id", "gpus", "upstreams", []string{"g0", "g1", "g2"}, "placement", "cache_aware")},
+		"state", obj("backend", "redis", "address", rs.addr, "prefix", "pin:"))
+	a, b := startInstance(t, conf), startInstance(t, conf)
+	waitHealthy(t, a, true)
+	waitHealthy(t, b, true)
+	for _, c := range []*conversation{newConversation("r1", "You are a careful coding agent."), newConversation("r2", "You are a careful coding agent.")} {
+		hdr := []string{"X-Session-Affinity", "s-" + c.id}
+		home := ""
+		for turn := range 6 {
+			in := a.proxy
+			if turn%2 == 1 {
+				in = b.proxy
+			}
+			got, placed := send(t, in, c.next(turn, ""), hdr...)
+			if turn == 0 {
+				home = got
+			} else if got != home || placed != "cache_aware pinned" {
+				t.Errorf("%s turn %d on instance %d: %s (%s), want pinned to %s", c.id, turn, turn%2, got, placed, home)
+			}
+		}
+	}
+}
