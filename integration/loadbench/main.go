@@ -49,6 +49,8 @@ type config struct {
 	think       time.Duration
 	interval    time.Duration
 	machineNote string
+	fleetSlots  int
+	fleetSeed   uint64
 }
 
 func parseFlags() *config {
@@ -68,6 +70,8 @@ func parseFlags() *config {
 	flag.DurationVar(&c.think, "think", 50*time.Millisecond, "paced stream: delay before the first event")
 	flag.DurationVar(&c.interval, "interval", 5*time.Millisecond, "paced stream: delay between events")
 	flag.StringVar(&c.machineNote, "note", "", "free text for the report header (e.g. how the run was pinned)")
+	flag.IntVar(&c.fleetSlots, "fleet-slots", 2, "fleet scenario: slots of each simulated server (and its max_concurrency)")
+	flag.Uint64Var(&c.fleetSeed, "fleet-seed", 24, "fleet scenario: seed of the session replay")
 	flag.Parse()
 	if c.quick {
 		set := map[string]bool{}
@@ -104,7 +108,7 @@ func run(c *config) (int, error) {
 	if c.rounds < 1 || c.duration <= 0 {
 		return 0, fmt.Errorf("need -rounds >= 1 and -duration > 0")
 	}
-	scs, err := selectScenarios(c.scenarios)
+	scs, fleet, err := selectRun(c.scenarios)
 	if err != nil {
 		return 0, err
 	}
@@ -114,6 +118,9 @@ func run(c *config) (int, error) {
 	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return 0, err
+	}
+	if len(scs) == 0 {
+		return runFleetOnly(c, outDir)
 	}
 
 	p := newPayloads()
@@ -282,6 +289,14 @@ func run(c *config) (int, error) {
 		}
 	}
 
+	// The fleet scenario (fleet.go) runs Caddy processes of its own.
+	var fr *fleetResult
+	if fleet {
+		if fr, err = runFleet(c, outDir); err != nil {
+			return 0, err
+		}
+	}
+
 	for _, t := range []*proxyProc{llm, plain, llmRedis, base} {
 		if t == nil {
 			continue
@@ -295,6 +310,11 @@ func run(c *config) (int, error) {
 
 	env.loadEnd = loadAvg()
 	report := renderReport(env, results, profiles)
+	if fr != nil {
+		var b strings.Builder
+		fr.render(func(format string, args ...any) { fmt.Fprintf(&b, format, args...) })
+		report += b.String()
+	}
 	fmt.Print(report)
 	if err := os.WriteFile(filepath.Join(outDir, "report.md"), []byte(report), 0o644); err != nil {
 		return 0, err
@@ -303,7 +323,54 @@ func run(c *config) (int, error) {
 		fmt.Fprintf(os.Stderr, "loadbench: %d invalid responses or request errors (see the errors column)\n", results.totalErrors())
 		return 1, nil
 	}
+	if fr != nil && fr.errors() > 0 {
+		fmt.Fprintf(os.Stderr, "loadbench: %d fleet turns failed (see the fleet section)\n", fr.errors())
+		return 1, nil
+	}
 	return 0, nil
+}
+
+// runFleetOnly runs only the fleet scenario (SCENARIOS=fleet): no proxy
+// pair, no fake upstream.
+func runFleetOnly(c *config, outDir string) (int, error) {
+	env := runEnv{start: time.Now(), cfg: c, goVersion: runtime.Version(), loadStart: loadAvg()}
+	fr, err := runFleet(c, outDir)
+	if err != nil {
+		return 0, err
+	}
+	env.loadEnd = loadAvg()
+	report, err := writeFleetOnly(env, fr, outDir)
+	if err != nil {
+		return 0, err
+	}
+	fmt.Print(report)
+	if fr.errors() > 0 {
+		fmt.Fprintf(os.Stderr, "loadbench: %d fleet turns failed (see the fleet section)\n", fr.errors())
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// selectRun splits the list into the throughput scenarios and whether the
+// fleet scenario runs ("all" includes it).
+func selectRun(list string) ([]scenario, bool, error) {
+	if list == "" || list == "all" {
+		return scenarios, true, nil
+	}
+	var rest []string
+	fleet := false
+	for _, name := range strings.Split(list, ",") {
+		if strings.TrimSpace(name) == "fleet" {
+			fleet = true
+		} else {
+			rest = append(rest, name)
+		}
+	}
+	if len(rest) == 0 {
+		return nil, fleet, nil
+	}
+	scs, err := selectScenarios(strings.Join(rest, ","))
+	return scs, fleet, err
 }
 
 // redisCPU is the CPU list redis-server is pinned to: -redis-cpu, where
@@ -368,7 +435,7 @@ func selectScenarios(list string) ([]scenario, error) {
 			for _, s := range scenarios {
 				names = append(names, s.name)
 			}
-			return nil, fmt.Errorf("unknown scenario %q (have %s)", name, strings.Join(names, ", "))
+			return nil, fmt.Errorf("unknown scenario %q (have %s, fleet)", name, strings.Join(names, ", "))
 		}
 		out = append(out, sc)
 	}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Load benchmark of llm_route against a plain reverse_proxy (issue #7).
 #
-#   ./integration/loadbench/run.sh            # full run (~4 min)
-#   QUICK=1 ./integration/loadbench/run.sh    # smoke run (~30 s)
+#   ./integration/loadbench/run.sh            # full run (~6.5 min, the fleet scenario included)
+#   QUICK=1 ./integration/loadbench/run.sh    # smoke run (~1.5 min)
 #
 # Builds one Caddy binary with the module and the benchmark program into
 # integration/loadbench/out/bin, pins the proxies to the first allowed CPU and
@@ -15,7 +15,8 @@
 #   ROUNDS=3         rounds (target order alternates; rotates with a baseline)
 #   SCENARIOS=all    comma list: nonstream-16,nonstream-64,stream-16,stream-64,paced-32,think-split-64,
 #                    messages-native-64,messages-native-nonstream-64,messages-translated-64,responses-translated-64,
-#                    redis-nonstream-64,redis-stream-64 (these start a redis-server of their own)
+#                    redis-nonstream-64,redis-stream-64 (these start a redis-server of their own),
+#                    fleet (simulated GPU servers in a pool, one run per placement: ~2.5 min)
 #   PROFILE=10s      also capture CPU profiles (out/cpu-*.pprof) and print their top
 #   PLAIN_IDLE=1024  reverse_proxy max_idle_conns_per_host (0 = Caddy's default 32)
 #   PIN=0            do not pin
@@ -24,6 +25,8 @@
 #   BASELINE=path    also run llm_route's config from this Caddy binary (the previous build) as a third target
 #   BASELINE_REV=rev build that git revision's Caddy into out/bin/caddy-baseline (from a temporary git worktree)
 #                    and use it as BASELINE, e.g. BASELINE_REV=6551ace
+#   FLEET_SLOTS=2    fleet scenario: slots per simulated server
+#   FLEET_SEED=24    fleet scenario: seed of the session replay
 #   NOTE="..."       free text for the report header
 #
 # Extra arguments are passed to the program (see `out/bin/loadbench -h`).
@@ -65,6 +68,8 @@ args=(-caddy "$out/bin/caddy" -out "$out")
 [[ -n "${SCENARIOS:-}" ]] && args+=(-scenarios "$SCENARIOS")
 [[ -n "${PROFILE:-}" ]] && args+=(-profile "$PROFILE")
 [[ -n "${PLAIN_IDLE:-}" ]] && args+=(-plain-idle "$PLAIN_IDLE")
+[[ -n "${FLEET_SLOTS:-}" ]] && args+=(-fleet-slots "$FLEET_SLOTS")
+[[ -n "${FLEET_SEED:-}" ]] && args+=(-fleet-seed "$FLEET_SEED")
 [[ -n "$baseline" ]] && args+=(-baseline "$baseline")
 redis_cpu=${REDIS_CPU:-proxy}
 
