@@ -1,7 +1,7 @@
 package integration
 
 // cache_aware placement against fake inference servers that keep a prompt
-// cache as llama.cpp's server does: a conversation's later turns reach
+// cache and report what they reused as llama.cpp's server does (kvsim): a conversation's later turns reach
 // the member that holds its history, with or without a session header;
 // a busy warm member is waited for within affinity_wait; a cooling one is
 // skipped at once; a member whose report contradicts its index loses it.
@@ -14,89 +14,36 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/llm-route/caddy-llm-route/integration/kvsim"
 )
 
-// promptServer is a fake llama.cpp server with a prompt cache: it keeps
-// every prompt it processed and reports the longest prefix of a new one
-// it holds (4 bytes a token) as usage.prompt_tokens_details.cached_tokens
-// and timings.cache_n. A request whose last message says "hold" waits for
-// the hold gate, "stall" for the stall gate; reportZero makes it report 0
-// reused whatever it holds; failing answers 500.
-type promptServer struct {
-	*fakeUpstream
-	hold, stall *gate
-
-	mu         sync.Mutex
-	prompts    []string
-	reportZero bool
-	failing    bool
-}
-
-func newPromptServer(t *testing.T) *promptServer {
-	s := &promptServer{hold: newGate(), stall: newGate()}
-	t.Cleanup(s.hold.open)
-	t.Cleanup(s.stall.open)
-	s.fakeUpstream = newUpstream(t, s.serve)
+// kvServer starts a fake llama.cpp server with a prompt cache (kvsim):
+// slots requests at once, the tokens it reused reported in
+// timings.cache_n and usage.prompt_tokens_details.cached_tokens.
+func kvServer(t *testing.T, slots int) *kvsim.Server {
+	t.Helper()
+	s, err := kvsim.Listen(kvsim.Config{Slots: slots, OutputTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
 	return s
 }
 
-func (s *promptServer) serve(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Messages json.RawMessage `json:"messages"`
-		Tools    json.RawMessage `json:"tools"`
+// kvServers starts n of them.
+func kvServers(t *testing.T, n, slots int) []*kvsim.Server {
+	out := make([]*kvsim.Server, n)
+	for i := range out {
+		out[i] = kvServer(t, slots)
 	}
-	body, _ := io.ReadAll(r.Body)
-	_ = json.Unmarshal(body, &req)
-	prompt := string(req.Messages) + string(req.Tools)
-	var msgs []struct {
-		Content any `json:"content"`
-	}
-	_ = json.Unmarshal(req.Messages, &msgs)
-	last := ""
-	if len(msgs) > 0 {
-		last = fmt.Sprint(msgs[len(msgs)-1].Content)
-	}
-	s.mu.Lock()
-	failing := s.failing
-	s.mu.Unlock()
-	if failing {
-		http.Error(w, `{"error":{"message":"overloaded"}}`, http.StatusInternalServerError)
-		return
-	}
-	for marker, g := range map[string]*gate{"hold": s.hold, "stall": s.stall} {
-		if !strings.HasSuffix(last, marker) {
-			continue
-		}
-		g.arrived <- struct{}{}
-		select {
-		case <-g.release:
-		case <-r.Context().Done():
-			return
-		}
-	}
-	s.mu.Lock()
-	cached := 0
-	for _, p := range s.prompts {
-		n := 0
-		for n < len(p) && n < len(prompt) && p[n] == prompt[n] {
-			n++
-		}
-		cached = max(cached, n/4)
-	}
-	if s.reportZero {
-		cached = 0
-	}
-	s.prompts = append(s.prompts, prompt)
-	s.mu.Unlock()
-	total := len(prompt) / 4
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"id":"c","object":"chat.completion","model":"x","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],`+
-		`"usage":{"prompt_tokens":%d,"completion_tokens":1,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}},`+
-		`"timings":{"cache_n":%d,"prompt_n":%d,"predicted_n":1}}`, total, total+1, cached, cached, total-cached)
+	return out
 }
+
+// served is how many chat requests s answered or failed.
+func served(s *kvsim.Server) int { return s.Stats().Requests }
 
 // conversation is a coding agent's growing history: a shared system
 // prompt, its own task, and a tool result appended every turn.
@@ -127,13 +74,13 @@ func (c *conversation) next(turn int, extra string) string {
 
 // placementProxy starts a proxy whose model m is one cache_aware pool of
 // servers (members g0, g1, …, limit each), then cloud last if given.
-func placementProxy(t *testing.T, servers []*promptServer, limit int, pool ...any) *proxy {
+func placementProxy(t *testing.T, servers []*kvsim.Server, limit int, pool ...any) *proxy {
 	t.Helper()
 	var provs, ups []map[string]any
 	var ids []string
 	for i, s := range servers {
 		id := fmt.Sprintf("g%d", i)
-		provs = append(provs, obj("id", "p"+id, "url", s.base(), "backoff", "30s", "probe_interval", "0s"))
+		provs = append(provs, obj("id", "p"+id, "url", s.URL+"/v1", "backoff", "30s", "probe_interval", "0s"))
 		ups = append(ups, obj("id", id, "provider", "p"+id, "model", "x", "max_concurrency", limit))
 		ids = append(ids, id)
 	}
@@ -166,7 +113,7 @@ func TestCacheAwareKeepsEachConversationOnItsMember(t *testing.T) {
 		{"no session header", func(string) []string { return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+			servers := kvServers(t, 3, 2)
 			p := placementProxy(t, servers, 2)
 			system := "You are a careful coding agent. " + strings.Repeat("Follow the repository's style. ", 40)
 			convs := make([]*conversation, 8)
@@ -268,7 +215,7 @@ func poolStatusOf(t *testing.T, p *proxy) poolStatusJSON {
 // A busy warm member is waited for (affinity_wait) when it frees within
 // the wait, and left for a cold member when it does not.
 func TestCacheAwareWaitsForABusyWarmMember(t *testing.T) {
-	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	servers := kvServers(t, 3, 1)
 	p := placementProxy(t, servers, 1, "affinity_wait", "2s")
 	c := newConversation("w", "You are a careful coding agent.")
 	hdr := []string{"X-Session-Affinity", "s-w"}
@@ -276,11 +223,16 @@ func TestCacheAwareWaitsForABusyWarmMember(t *testing.T) {
 	warm := servers[home[1]-'0']
 
 	// A turn of the same session holds the warm member; the next one waits.
-	held := p.goChat(context.Background(), c.next(1, " hold"), hdr...)
-	warm.hold.waitArrivals(t, 1)
+	holdOne := func(turn int) <-chan result {
+		warm.Hold()
+		ch := p.goChat(context.Background(), c.next(turn, ""), hdr...)
+		eventually(t, 10*time.Second, "the warm member busy", func() bool { return warm.Held() == 1 })
+		return ch
+	}
+	held := holdOne(1)
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		warm.hold.open()
+		warm.Release()
 	}()
 	got, placed := send(t, p, c.next(2, ""), hdr...)
 	if got != home || !strings.HasPrefix(placed, "cache_aware waited ") {
@@ -289,8 +241,7 @@ func TestCacheAwareWaitsForABusyWarmMember(t *testing.T) {
 	await(t, held)
 
 	// Held past the wait: the turn goes to a cold member after it.
-	held = p.goChat(context.Background(), c.next(3, " stall"), hdr...)
-	warm.stall.waitArrivals(t, 1)
+	held = holdOne(3)
 	start := time.Now()
 	got, placed = send(t, p, c.next(4, ""), hdr...)
 	if got == home || placed != "cache_aware cold" {
@@ -299,27 +250,25 @@ func TestCacheAwareWaitsForABusyWarmMember(t *testing.T) {
 	if waited := time.Since(start); waited < 1900*time.Millisecond {
 		t.Errorf("left the warm member after %v, want after affinity_wait 2s", waited)
 	}
-	warm.stall.open()
+	warm.Release()
 	await(t, held)
 }
 
 // A cooling warm member is skipped at once, affinity_wait or not.
 func TestCacheAwareSkipsACoolingWarmMember(t *testing.T) {
-	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	servers := kvServers(t, 3, 2)
 	p := placementProxy(t, servers, 2, "affinity_wait", "5s")
 	c := newConversation("k", "You are a careful coding agent.")
 	hdr := []string{"X-Session-Affinity", "s-k"}
 	home, _ := send(t, p, c.next(0, ""), hdr...)
 	warm := servers[home[1]-'0']
-	warm.mu.Lock()
-	warm.failing = true
-	warm.mu.Unlock()
+	warm.FailNext(100) // loading its model again
 	// Other sessions' first turns until one fails on the warm member,
 	// which cools it.
-	for i := 0; i < 12 && len(warm.Calls()) < 2; i++ {
+	for i := 0; i < 12 && served(warm) < 2; i++ {
 		send(t, p, promptBody(fmt.Sprintf("other %d", i)), "X-Session-Affinity", fmt.Sprintf("o%d", i))
 	}
-	if len(warm.Calls()) < 2 {
+	if served(warm) < 2 {
 		t.Fatal("no request reached the warm member to cool it")
 	}
 	start := time.Now()
@@ -335,7 +284,7 @@ func TestCacheAwareSkipsACoolingWarmMember(t *testing.T) {
 // A member that reports reusing nothing of what its index predicted loses
 // that prefix and the session's pin: the next turn is placed afresh.
 func TestCacheAwareForgetsWhatAMemberDidNotHold(t *testing.T) {
-	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	servers := kvServers(t, 3, 2)
 	p := placementProxy(t, servers, 2)
 	c := newConversation("z", "You are a careful coding agent.")
 	hdr := []string{"X-Session-Affinity", "s-z"}
@@ -344,9 +293,7 @@ func TestCacheAwareForgetsWhatAMemberDidNotHold(t *testing.T) {
 	if got, placed := send(t, p, c.next(1, ""), hdr...); got != home || placed != "cache_aware pinned" {
 		t.Fatalf("turn 1: %s (%s), want pinned to %s", got, placed, home)
 	}
-	warm.mu.Lock()
-	warm.reportZero = true // its cache was evicted meanwhile
-	warm.mu.Unlock()
+	warm.DropCache() // restarted meanwhile: turn 2 reuses nothing
 	if got, _ := send(t, p, c.next(2, ""), hdr...); got != home {
 		t.Fatalf("turn 2 went to %s, want still pinned to %s", got, home)
 	}
@@ -386,7 +333,7 @@ func TestCacheAwareForgetsWhatAMemberDidNotHold(t *testing.T) {
 // names the key only by a short hash; a session the pool has not seen
 // whose history a member holds finds it warm through the prefix index.
 func TestExplainRanksPoolMembers(t *testing.T) {
-	servers := []*promptServer{newPromptServer(t), newPromptServer(t)}
+	servers := kvServers(t, 2, 2)
 	p := placementProxy(t, servers, 2)
 	c := newConversation("e", "You are a careful coding agent.")
 	turn0 := c.next(0, "")
@@ -479,7 +426,7 @@ func TestCacheAwarePinsRecordedClientSessions(t *testing.T) {
 		{"opencode", "", "/v1/chat/completions", "x-session-affinity"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+			servers := kvServers(t, 3, 4)
 			p := placementProxy(t, servers, 4)
 			hdrs, body := map[string]string{}, opencode
 			if tc.file != "" {
@@ -529,11 +476,11 @@ func TestCacheAwarePinsRecordedClientSessions(t *testing.T) {
 // prefix index is its own).
 func TestCacheAwarePinSharedThroughRedis(t *testing.T) {
 	rs := startRedis(t)
-	servers := []*promptServer{newPromptServer(t), newPromptServer(t), newPromptServer(t)}
+	servers := kvServers(t, 3, 2)
 	var provs, ups []map[string]any
 	for i, s := range servers {
 		id := fmt.Sprintf("g%d", i)
-		provs = append(provs, obj("id", "p"+id, "url", s.base()))
+		provs = append(provs, obj("id", "p"+id, "url", s.URL+"/v1"))
 		ups = append(ups, obj("id", id, "provider", "p"+id, "model", "x", "max_concurrency", 2))
 	}
 	conf := cfg(provs, ups, []map[string]any{obj("name", "m", "upstreams", []string{"gpus"})},
