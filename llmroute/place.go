@@ -201,12 +201,14 @@ type placeInput struct {
 	repl *caddy.Replacer // for a pool's affinity_key
 	body []byte          // the client's body (nil: none)
 	// spans are where the request's parse found the codec's prompt
-	// members (codec.prompt().spans()); nil: not parsed that way yet.
-	spans *transform.Spans
-	codec codec         // the front's, for the prompt and session
-	led   ledger.Ledger // the handler's: shared pins, the session registry
-	key   string        // an affinity key given outright (explain's session=)
-	now   time.Time
+	// members (codec.prompt().spans()), when parsed. A value, not a
+	// pointer: the input stays on its caller's stack.
+	spans  transform.Spans
+	parsed bool
+	codec  codec         // the front's, for the prompt and session
+	led    ledger.Ledger // the handler's: shared pins, the session registry
+	key    string        // an affinity key given outright (explain's session=)
+	now    time.Time
 	// explain: rank without moving any rotation (status.go's explain)
 	explain bool
 }
@@ -413,14 +415,14 @@ func (pl *placing) readPrompt(in *placeInput) {
 	}
 	pl.read = true
 	sh := in.codec.prompt()
-	if in.spans == nil {
-		sp := sh.spans()
-		if _, _, _, err := transform.ParseRequestKeys(in.body, nil, &sp); err != nil {
+	if !in.parsed {
+		in.spans = sh.spans()
+		if _, _, _, err := transform.ParseRequestKeys(in.body, nil, &in.spans); err != nil {
 			return
 		}
-		in.spans = &sp
+		in.parsed = true
 	}
-	pl.parts, pl.bodyKey = sh.read(in.body, in.spans)
+	pl.parts, pl.bodyKey = sh.read(in.body, &in.spans)
 }
 
 // chainOf is the prompt's block chain, hashed once per request.

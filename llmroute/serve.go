@@ -88,8 +88,8 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		return nil
 	}
 	// The members a pool's placement reads are noted in the same pass.
-	spans := frontCodecs[f].prompt().spans()
-	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys, &spans)
+	place := placeInput{spans: frontCodecs[f].prompt().spans(), parsed: true}
+	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys, &place.spans)
 	if err != nil {
 		switch {
 		case errors.Is(err, transform.ErrNoModel):
@@ -136,7 +136,8 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	// (every variant keeps its targets' place in it).
 	fr.session = fr.codec.session(r)
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	fr.place = placeRequest(h.table.routes[model], &placeInput{r: r, repl: repl, body: body, spans: &spans, codec: fr.codec, led: h.led, now: time.Now()})
+	place.r, place.repl, place.body, place.codec, place.led, place.now = r, repl, body, fr.codec, h.led, time.Now()
+	fr.place = placeRequest(h.table.routes[model], &place)
 	defer donePlacing(fr.place)
 	var kr *keyReq
 	if key != nil {
