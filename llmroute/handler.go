@@ -108,9 +108,10 @@ type Handler struct {
 	// Default 30s; 0 disables (request_timeout still applies).
 	ClientWriteTimeout *Duration `json:"client_write_timeout,omitempty"`
 	// RouteHeaders adds `X-LLM-Route-Upstream` (the upstream id that
-	// answered) and `X-LLM-Route-Attempts` to routed answers, and
-	// `X-LLM-Route-Skipped` (why each upstream was passed over) to the
-	// proxy's own 503s. Default true; false removes them.
+	// answered) and `X-LLM-Route-Attempts` to routed answers,
+	// `X-LLM-Route-Placement` (policy and reason) when a pool member
+	// answered, and `X-LLM-Route-Skipped` (why each upstream was passed
+	// over) to the proxy's own 503s. Default true; false removes them.
 	RouteHeaders *bool `json:"route_headers,omitempty"`
 	// Keys are the client keys. Default: none, and the API is
 	// open to anyone who reaches it. With any key configured, every API

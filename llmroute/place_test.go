@@ -12,6 +12,9 @@ import (
 // nothing (the placing comes from a pool), and the order keeps the chain's
 // steps in place while reordering a pool step's members.
 func TestPlacementOrderAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("race detector allocates")
+	}
 	for _, policy := range []string{"sticky", "cache_aware", "least_busy"} {
 		t.Run(policy, func(t *testing.T) { testPlacementAllocs(t, policy) })
 	}
