@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
@@ -132,78 +133,131 @@ const (
 	drainTimeout = time.Second
 )
 
-// watchdog cancels an attempt when its timer fires and remembers why. One
-// timer serves both windows of a stream: first byte, then idle.
+// watchdog cancels an attempt when its window passes with no read
+// returning, and remembers why. One watchdog serves both windows of a
+// stream: first byte, then idle.
 //
-// A read that returns data and the timer firing can race. Which of them won
-// is decided once, by hold (Timer.Stop's answer): if the timer was stopped
-// before it fired, the data won and its cancel never runs; otherwise the
-// attempt is already cancelled and the caller must treat the read as timed
-// out, never as a broken connection.
+// Its timer is not reset per read: a stream reads every few milliseconds
+// and a timer reset costs as much as the read's bookkeeping. resume stamps
+// the window's start (window), hold clears it, and the timer, when it
+// fires, re-arms itself for what is left of the current window, or for a
+// whole period while the proxy is writing to the client (held), so it
+// fires about once per period whatever the event rate.
+//
+// A read that returns data and the window passing can race. Which of them
+// won is decided once, by a compare-and-swap on window: the timer claims
+// the window it measured (start → firedWindow) and then cancels; hold
+// swaps it out. If hold finds it claimed, the attempt is already cancelled
+// and the caller must treat the read as timed out, never as a broken
+// connection.
 type watchdog struct {
-	cancel  context.CancelFunc
-	timer   *time.Timer
-	period  time.Duration          // owned by the request goroutine
-	running bool                   // the timer is armed and not held
-	reason  atomic.Pointer[string] // why the armed window would fire
-	fired   atomic.Pointer[string] // why it did fire
+	cancel context.CancelFunc
+	timer  atomic.Pointer[time.Timer] // made on first use; the timer's own function reads it
+	period time.Duration              // owned by the request goroutine
+	// lost is the reason hold found the window claimed for (request
+	// goroutine): the attempt timed out.
+	lost string
+
+	window atomic.Int64           // the open window's start (monoNow), 0 held, firedWindow claimed
+	span   atomic.Int64           // the window's length in nanoseconds, as the timer reads it
+	armed  atomic.Bool            // a timer is pending
+	reason atomic.Pointer[string] // why the open window would fire
+	fired  atomic.Pointer[string] // why it did fire
 }
 
-// arm (re)starts the timer for d with the given reason.
+// firedWindow marks a window the timer claimed.
+const firedWindow = -1
+
+// monoBase makes monoNow monotonic and never 0 (0 means held).
+var monoBase = time.Now()
+
+func monoNow() int64 { return int64(time.Since(monoBase)) + 1 }
+
+// arm (re)starts the window for d with the given reason.
 func (w *watchdog) arm(d time.Duration, reason string) {
-	w.period = d
-	w.reason.Store(&reason)
-	w.running = true
-	if w.timer == nil {
-		w.timer = time.AfterFunc(d, w.fire)
-		return
-	}
-	w.timer.Reset(d)
+	w.prime(d, reason)
+	w.resume()
 }
 
 // prime sets the window for d with the given reason without starting it;
 // resume starts it.
 func (w *watchdog) prime(d time.Duration, reason string) {
 	w.period = d
+	w.span.Store(int64(d))
 	w.reason.Store(&reason)
 }
 
-// hold stops the timer after a read returned and reports who won: "" when
-// the read did (the timer's cancel will never run), else the reason of the
-// window that fired first (the attempt is cancelled).
+// hold ends the open window after a read returned and reports who won:
+// "" when the read did (the timer's cancel will never run), else the
+// reason of the window that passed first (the attempt is cancelled).
 func (w *watchdog) hold() string {
-	if w.running {
-		w.running = false
-		if !w.timer.Stop() {
-			// The timer's function has started: it is storing this reason
-			// and cancelling, if it has not done so already.
-			return *w.reason.Load()
-		}
+	if w.lost != "" {
+		return w.lost
 	}
-	return w.firedFor()
+	if w.window.Swap(0) == firedWindow {
+		w.window.Store(firedWindow)
+		w.lost = *w.reason.Load()
+	}
+	return w.lost
 }
 
-// resume restarts a held or primed timer for its period: the proxy is
-// about to wait for the upstream again. Time spent writing to a slow client
-// in between is not upstream silence.
+// resume opens a window for the period: the proxy is about to wait for the
+// upstream again. Time spent writing to a slow client in between is not
+// upstream silence.
 func (w *watchdog) resume() {
-	if w.period <= 0 || w.running || w.fired.Load() != nil {
+	if w.period <= 0 || w.lost != "" {
 		return
 	}
-	w.running = true
-	if w.timer == nil {
-		w.timer = time.AfterFunc(w.period, w.fire)
-		return
+	w.window.Store(monoNow())
+	if w.armed.CompareAndSwap(false, true) {
+		w.set(w.period)
 	}
-	w.timer.Reset(w.period)
 }
 
-func (w *watchdog) fire() {
-	w.fired.Store(w.reason.Load())
-	w.cancel()
+// set (re)starts the timer for d; the caller holds armed.
+func (w *watchdog) set(d time.Duration) {
+	t := w.timer.Load()
+	if t == nil {
+		// Made idle and stored before it is started: check reads it.
+		t = time.AfterFunc(math.MaxInt64, w.check)
+		w.timer.Store(t)
+	}
+	t.Reset(d)
 }
 
-// stop disarms the timer until the next arm.
+// check runs when the timer fires: a window that has lasted its span is
+// claimed and the attempt cancelled; an open window younger than that
+// gets the timer again for the rest; a held watchdog lets the timer go
+// (resume arms it again).
+func (w *watchdog) check() {
+	for {
+		start := w.window.Load()
+		switch {
+		case start == firedWindow:
+			return
+		case start == 0:
+			w.armed.Store(false)
+			// A resume between the load and the store above found the
+			// timer armed and left it to us.
+			if w.window.Load() != 0 && w.armed.CompareAndSwap(false, true) {
+				continue
+			}
+			return
+		}
+		if left := w.span.Load() - (monoNow() - start); left > 0 {
+			w.timer.Load().Reset(time.Duration(left))
+			return
+		}
+		if w.window.CompareAndSwap(start, firedWindow) {
+			w.fired.Store(w.reason.Load())
+			w.cancel()
+			return
+		}
+		// Held or resumed meanwhile: look again.
+	}
+}
+
+// stop closes the window until the next arm.
 func (w *watchdog) stop() {
 	w.hold()
 	w.period = 0
@@ -214,7 +268,7 @@ func (w *watchdog) firedFor() string {
 	if p := w.fired.Load(); p != nil {
 		return *p
 	}
-	return ""
+	return w.lost
 }
 
 // firstRead is what to do with a stream's first read (n bytes, err) given

@@ -103,7 +103,10 @@ type Handler struct {
 	MaxRewriteSize int64 `json:"max_rewrite_size,omitempty"`
 	// ClientWriteTimeout bounds each write to the client: a client that
 	// takes no bytes for this long is treated as gone, its attempt ends as
-	// `cancelled` and its slot is freed; the upstream is not blamed.
+	// `cancelled` and its slot is freed; the upstream is not blamed. On
+	// HTTP/1 a stream's deadline is renewed when less than half of it is
+	// left, not at every event, so a stuck write is cut after between half
+	// and all of this time.
 	// request_timeout bounds time blocked on the client as well.
 	// Default 30s; 0 disables (request_timeout still applies).
 	ClientWriteTimeout *Duration `json:"client_write_timeout,omitempty"`

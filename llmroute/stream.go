@@ -53,7 +53,8 @@ type clientWriter struct {
 	limit        time.Time
 	clearBetween bool // HTTP/2: an armed deadline resets the stream even between writes
 	deadlineSet  bool
-	noDeadline   bool // the connection cannot take one
+	noDeadline   bool      // the connection cannot take one
+	deadlineAt   time.Time // the deadline set, while deadlineSet
 
 	// done: the line that starts the stream's final event (one of shape's
 	// markers; [DONE] for chat) has been written. A translated front's
@@ -69,6 +70,7 @@ type clientWriter struct {
 	mu         sync.Mutex
 	hb         *time.Timer
 	hbPeriod   time.Duration
+	lastWrite  int64 // monoNow of the last write, for the heartbeat
 	stopped    bool
 	atBoundary bool // the bytes written so far end at an event boundary
 	tail       [4]byte
@@ -98,13 +100,25 @@ func (c *clientWriter) init(w http.ResponseWriter, flush, sse bool, timeout time
 
 // armDeadline sets the write deadline for the next write: timeout from now,
 // but no later than limit (zero = none of either).
+//
+// Between writes on HTTP/1 the deadline stays armed, so it is renewed only
+// when less than half of timeout is left (or it was cleared): a stream's
+// writes then set a deadline about once per half timeout instead of once
+// per event, and each write still has between half and all of timeout to
+// complete.
 func (c *clientWriter) armDeadline(timeout time.Duration, limit time.Time) {
 	if c.noDeadline || timeout <= 0 && limit.IsZero() {
 		return
 	}
 	var d time.Time
 	if timeout > 0 {
-		d = time.Now().Add(timeout)
+		now := time.Now()
+		if c.deadlineSet && !c.clearBetween && (c.deadlineAt.Equal(limit) || c.deadlineAt.Sub(now) > timeout/2) {
+			return
+		}
+		d = now.Add(timeout)
+	} else if c.deadlineSet && c.deadlineAt.Equal(limit) {
+		return // only request_timeout bounds writes: set once
 	}
 	if !limit.IsZero() && (d.IsZero() || limit.Before(d)) {
 		d = limit
@@ -113,7 +127,7 @@ func (c *clientWriter) armDeadline(timeout time.Duration, limit time.Time) {
 		c.noDeadline = true // e.g. a test recorder: nothing to bound
 		return
 	}
-	c.deadlineSet = true
+	c.deadlineSet, c.deadlineAt = true, d
 }
 
 // afterWrite clears the deadline where one left armed would cut a healthy
@@ -269,7 +283,7 @@ func (c *clientWriter) Write(p []byte) (int, error) {
 	}
 	c.trackBoundary(p)
 	if c.hb != nil {
-		c.hb.Reset(c.hbPeriod)
+		c.lastWrite = monoNow() // the heartbeat's timer is not reset per write
 	}
 	return n, nil
 }
@@ -310,11 +324,13 @@ func (c *clientWriter) trackBoundary(p []byte) {
 var keepalive = []byte(": keepalive\n\n")
 
 // startHeartbeat sends a keepalive comment whenever nothing was written for
-// period.
+// period. Writes only stamp lastWrite; the timer, when it fires, sleeps
+// again for what is left of the period since the last write.
 func (c *clientWriter) startHeartbeat(period time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hbPeriod = period
+	c.lastWrite = monoNow()
 	c.hb = time.AfterFunc(period, c.beat)
 }
 
@@ -324,6 +340,11 @@ func (c *clientWriter) beat() {
 	if c.stopped {
 		return
 	}
+	if quiet := time.Duration(monoNow() - c.lastWrite); quiet < c.hbPeriod {
+		c.hb.Reset(c.hbPeriod - quiet)
+		return
+	}
+	c.lastWrite = monoNow()
 	if c.atBoundary {
 		c.armDeadline(c.timeout, c.limit)
 		if _, err := c.w.Write(keepalive); err == nil {
