@@ -44,7 +44,10 @@ func newKeysBenchHandler(tb testing.TB, upstream string, n int) *Handler {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = h.Cleanup() })
+	// Both start-up goroutines log: wait for them before the logger is
+	// replaced (as provisionBench does).
 	<-h.proberDone
+	<-h.pathChecks
 	h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
 		zapcore.AddSync(io.Discard), zapcore.InfoLevel))
 	return h
