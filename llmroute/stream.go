@@ -232,19 +232,34 @@ func (c *clientWriter) noteDone(p []byte) {
 }
 
 // hasLineAt reports whether b holds one of the markers at the start of a
-// line; the start of b counts as one when startOK.
+// line; the start of b counts as one when startOK. It looks only at line
+// starts, found with IndexByte: every SSE event starts with "data: " or
+// "event: ", so searching for a marker itself stops at every event, and
+// this runs on every write of a stream.
 func hasLineAt(b []byte, startOK bool, markers [][]byte) bool {
-	for _, m := range markers {
-		for i := 0; i < len(b); {
-			k := bytes.Index(b[i:], m)
+	if startOK && markerAt(b, markers) {
+		return true
+	}
+	for _, eol := range [...]byte{'\n', '\r'} {
+		for rest := b; ; {
+			k := bytes.IndexByte(rest, eol)
 			if k < 0 {
 				break
 			}
-			k += i
-			if k == 0 && startOK || k > 0 && isEOL(b[k-1]) {
+			rest = rest[k+1:]
+			if markerAt(rest, markers) {
 				return true
 			}
-			i = k + 1
+		}
+	}
+	return false
+}
+
+// markerAt reports whether b starts with one of the markers.
+func markerAt(b []byte, markers [][]byte) bool {
+	for _, m := range markers {
+		if bytes.HasPrefix(b, m) {
+			return true
 		}
 	}
 	return false
