@@ -157,6 +157,9 @@ type watchdog struct {
 	// lost is the reason hold found the window claimed for (request
 	// goroutine): the attempt timed out.
 	lost string
+	// moved: the period changed since the timer was set, so the next
+	// window sets it afresh (a pending timer may be due too late).
+	moved bool
 
 	window atomic.Int64           // the open window's start (monoNow), 0 held, firedWindow claimed
 	span   atomic.Int64           // the window's length in nanoseconds, as the timer reads it
@@ -182,6 +185,7 @@ func (w *watchdog) arm(d time.Duration, reason string) {
 // prime sets the window for d with the given reason without starting it;
 // resume starts it.
 func (w *watchdog) prime(d time.Duration, reason string) {
+	w.moved = w.moved || d != w.period
 	w.period = d
 	w.span.Store(int64(d))
 	w.reason.Store(&reason)
@@ -209,6 +213,14 @@ func (w *watchdog) resume() {
 		return
 	}
 	w.window.Store(monoNow())
+	if w.moved {
+		// A pending timer may be due after this window's end: set it
+		// for this window (a check running meanwhile only re-arms it).
+		w.moved = false
+		w.armed.Store(true)
+		w.set(w.period)
+		return
+	}
 	if w.armed.CompareAndSwap(false, true) {
 		w.set(w.period)
 	}
@@ -257,10 +269,15 @@ func (w *watchdog) check() {
 	}
 }
 
-// stop closes the window until the next arm.
+// stop closes the window until the next arm, and takes the pending timer
+// out of the runtime's timer heap: a request that ended must not leave a
+// timer behind for a whole period (thousands of them, at load).
 func (w *watchdog) stop() {
 	w.hold()
 	w.period = 0
+	if t := w.timer.Load(); t != nil && w.armed.Load() && t.Stop() {
+		w.armed.Store(false)
+	}
 }
 
 // firedFor returns why the watchdog fired, or "".
