@@ -132,6 +132,42 @@ func TestWatchdogHold(t *testing.T) {
 		}
 		w.stop()
 	})
+	t.Run("a shorter window after a long one fires on time", func(t *testing.T) {
+		var cancelled atomic.Bool
+		w := &watchdog{cancel: func() { cancelled.Store(true) }}
+		w.arm(time.Hour, codeFirstByte) // its timer is due in an hour
+		if w.hold() != "" {
+			t.Fatal("the hour passed at once")
+		}
+		w.arm(20*time.Millisecond, codeDrain)
+		deadline := time.Now().Add(10 * time.Second)
+		for w.firedFor() == "" && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if w.firedFor() != codeDrain || !cancelled.Load() {
+			t.Errorf("the 20 ms window after an hour's: fired %q cancelled %v", w.firedFor(), cancelled.Load())
+		}
+	})
+	t.Run("stop takes the timer away", func(t *testing.T) {
+		w := &watchdog{cancel: func() { t.Error("a stopped watchdog cancelled") }}
+		w.arm(time.Hour, codeFirstByte)
+		w.stop()
+		if w.armed.Load() {
+			t.Error("a stopped watchdog still has its timer pending")
+		}
+	})
+	t.Run("time held between reads never counts", func(t *testing.T) {
+		w := &watchdog{cancel: func() { t.Error("cancelled for time the proxy spent writing") }}
+		w.prime(200*time.Millisecond, codeStalled)
+		for range 3 {
+			w.resume() // an upstream read that returns at once
+			if w.hold() != "" {
+				t.Fatal("an instant read lost")
+			}
+			time.Sleep(300 * time.Millisecond) // a slow client write: held
+		}
+		w.stop()
+	})
 }
 
 // TestNoteDone: the [DONE] event is seen at a line start, also when it is
