@@ -506,3 +506,23 @@ func TestCacheAwarePinSharedThroughRedis(t *testing.T) {
 		}
 	}
 }
+
+// `caddy llm-route explain --session` ranks a pool's members for the key
+// and shows each one's place and reason, and only the key's hash.
+func TestCLIExplainSession(t *testing.T) {
+	servers := kvServers(t, 2, 2)
+	p := placementProxy(t, servers, 2)
+	c := newConversation("cli", "You are a careful coding agent.")
+	home, _ := send(t, p, c.next(0, ""), "X-Session-Affinity", "cli-secret-session")
+	out, err := runCLI(t, "explain", "m", "--address", strings.TrimPrefix(p.admin, "http://"), "--session", "cli-secret-session")
+	if err != nil {
+		t.Fatalf("explain: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "1  "+home+" ") || !strings.Contains(out, "[pool gpus #1: pinned]") ||
+		!strings.Contains(out, "[pool gpus #2: least_busy]") || !strings.Contains(out, "(affinity key ") {
+		t.Errorf("explain --session output:\n%s\nwant %s first and pinned, the other second, the key's hash", out, home)
+	}
+	if strings.Contains(out, "cli-secret-session") {
+		t.Errorf("explain printed the affinity key:\n%s", out)
+	}
+}

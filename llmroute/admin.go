@@ -210,12 +210,15 @@ func writeAdminJSON(w http.ResponseWriter, v any) error {
 // Template helpers; page.js renders the same texts on refresh.
 
 // slotsText is "in use/limit", "∞" for unlimited.
-func slotsText(us upstreamStatus) string {
+func slotsText(us upstreamStatus) string { return slotPair(us.Inflight, us.Limit) }
+
+// slotPair is "in use/limit", "∞" for a nil (unlimited) limit.
+func slotPair(inflight int64, limit *int64) string {
 	l := "∞"
-	if us.Limit != nil {
-		l = strconv.FormatInt(*us.Limit, 10)
+	if limit != nil {
+		l = strconv.FormatInt(*limit, 10)
 	}
-	return strconv.FormatInt(us.Inflight, 10) + "/" + l
+	return strconv.FormatInt(inflight, 10) + "/" + l
 }
 
 // limitMax is the meter's maximum: the limit, or the in-flight count when
@@ -277,12 +280,7 @@ func oldestText(ms modelStatus) string {
 var _ caddy.AdminRouter = adminAPI{}
 
 // memberSlotsText is a pool member's "in use/limit".
-func memberSlotsText(m memberStatus) string {
-	if m.Limit == nil {
-		return strconv.FormatInt(m.Inflight, 10) + "/∞"
-	}
-	return strconv.FormatInt(m.Inflight, 10) + "/" + strconv.FormatInt(*m.Limit, 10)
-}
+func memberSlotsText(m memberStatus) string { return slotPair(m.Inflight, m.Limit) }
 
 // placementsText lists a member's placements by reason in a fixed order:
 // "pinned 12, warm 3, least_busy 5"; "none" before the first.

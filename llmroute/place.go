@@ -275,6 +275,9 @@ func placeRequest(rt *route, in *placeInput) *placing {
 	if !pooled {
 		return nil
 	}
+	if in.now.IsZero() {
+		in.now = time.Now() // only a pooled route reads the clock
+	}
 	pl := placings.Get().(*placing)
 	pl.reset()
 	n := len(rt.targets)

@@ -136,7 +136,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	// (every variant keeps its targets' place in it).
 	fr.session = fr.codec.session(r)
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	place.r, place.repl, place.body, place.codec, place.led, place.now = r, repl, body, fr.codec, h.led, time.Now()
+	place.r, place.repl, place.body, place.codec, place.led = r, repl, body, fr.codec, h.led
 	fr.place = placeRequest(h.table.routes[model], &place)
 	defer donePlacing(fr.place)
 	var kr *keyReq

@@ -251,7 +251,7 @@ func run(c *config) (int, error) {
 	profiles := map[string]string{}
 	if c.profile > 0 {
 		for _, t := range targets {
-			for _, name := range []string{"nonstream-64", "stream-64", "think-split-64"} {
+			for _, name := range []string{"nonstream-16", "nonstream-64", "stream-16", "stream-64", "think-split-64"} {
 				sc, ok := findScenario(scs, name)
 				if !ok || (t.kind == kindPlain && sc.mode == modeThink) {
 					continue

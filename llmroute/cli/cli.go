@@ -75,11 +75,13 @@ non-zero when the admin API is off or cannot be reached.
 					}
 					tokens, _ := c.Flags().GetInt64("tokens")
 					api, _ := c.Flags().GetString("api")
-					return Explain(c.OutOrStdout(), addr, args[0], tokens, api)
+					session, _ := c.Flags().GetString("session")
+					return Explain(c.OutOrStdout(), addr, args[0], tokens, api, session)
 				},
 			}
 			explain.Flags().Int64("tokens", -1, "Estimated request size in tokens (prompt plus max_tokens)")
 			explain.Flags().String("api", "", "The client's API: chat (default), messages, responses, embeddings, completions")
+			explain.Flags().String("session", "", "An affinity key (a client's session id): pools rank their members for it")
 			cmd.AddCommand(status, explain)
 		},
 	})
@@ -149,10 +151,16 @@ type explanation struct {
 	API       string  `json:"api"`
 	Choice    *string `json:"choice"`
 	Outcome   string  `json:"outcome"`
+	Affinity  string  `json:"affinity"`
 	Upstreams []struct {
-		ID      string `json:"id"`
-		Verdict string `json:"verdict"`
-		Detail  string `json:"detail"`
+		ID        string `json:"id"`
+		Verdict   string `json:"verdict"`
+		Detail    string `json:"detail"`
+		Placement *struct {
+			Pool   string `json:"pool"`
+			Rank   int    `json:"rank"`
+			Reason string `json:"reason"`
+		} `json:"placement"`
 	} `json:"upstreams"`
 }
 
@@ -223,10 +231,14 @@ func Status(out io.Writer, addr string) error {
 	return tw.Flush()
 }
 
-// Explain prints where a request for model would go now. tokens < 0 and
-// api "" mean not given.
-func Explain(out io.Writer, addr, model string, tokens int64, api string) error {
+// Explain prints where a request for model would go now. tokens < 0, api
+// "" and session "" mean not given; a pool member's line adds its place in
+// the pool's ranking and why.
+func Explain(out io.Writer, addr, model string, tokens int64, api, session string) error {
 	q := url.Values{"model": {model}}
+	if session != "" {
+		q.Set("session", session)
+	}
 	if tokens >= 0 {
 		q.Set("tokens", strconv.FormatInt(tokens, 10))
 	}
@@ -244,7 +256,11 @@ func Explain(out io.Writer, addr, model string, tokens int64, api string) error 
 		if e.Choice != nil && *e.Choice == u.ID {
 			mark = "  ←"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s%s\n", i+1, u.ID, u.Verdict, u.Detail, mark)
+		detail := u.Detail
+		if pl := u.Placement; pl != nil {
+			detail += fmt.Sprintf(" [pool %s #%d: %s]", pl.Pool, pl.Rank, pl.Reason)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s%s\n", i+1, u.ID, u.Verdict, detail, mark)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -261,6 +277,9 @@ func Explain(out io.Writer, addr, model string, tokens int64, api string) error 
 		verdict = "a request for " + e.Model + " would get 503: no upstream serves " + e.API
 	default:
 		verdict = "a request for " + e.Model + " would get 503: every upstream is busy"
+	}
+	if e.Affinity != "" {
+		verdict += " (affinity key " + e.Affinity + ")"
 	}
 	_, err := fmt.Fprintln(out, verdict)
 	return err
