@@ -188,7 +188,24 @@ func (w *watchdog) prime(d time.Duration, reason string) {
 	w.moved = w.moved || d != w.period
 	w.period = d
 	w.span.Store(int64(d))
-	w.reason.Store(&reason)
+	w.reason.Store(internReason(reason))
+}
+
+// watchReasons are the reasons a window is primed with. internReason
+// points into it, so storing a window's reason allocates nothing (a
+// streamed request primes two windows).
+var watchReasons = [...]string{codeFirstByte, codeStalled, codeDrain}
+
+// internReason is a pointer to a string equal to reason that outlives the
+// call: one of watchReasons, else a copy.
+func internReason(reason string) *string {
+	for i := range watchReasons {
+		if watchReasons[i] == reason {
+			return &watchReasons[i]
+		}
+	}
+	other := reason // a copy: taking reason's own address would move it to the heap on every call
+	return &other
 }
 
 // hold ends the open window after a read returned and reports who won:

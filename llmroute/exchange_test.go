@@ -305,3 +305,24 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestWatchdogPrimeAllocatesNothing: a window's reason is stored without an
+// allocation (every streamed request primes two windows).
+func TestWatchdogPrimeAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	var w watchdog
+	for _, reason := range []string{codeFirstByte, codeStalled, codeDrain} {
+		if n := testing.AllocsPerRun(100, func() { w.prime(time.Second, reason) }); n != 0 {
+			t.Errorf("prime(%q): %v allocations, want 0", reason, n)
+		}
+		if got := *w.reason.Load(); got != reason {
+			t.Errorf("reason stored as %q, want %q", got, reason)
+		}
+	}
+	w.prime(time.Second, "some other reason")
+	if got := *w.reason.Load(); got != "some other reason" {
+		t.Errorf("an unlisted reason stored as %q", got)
+	}
+}
