@@ -115,6 +115,19 @@ func init() {
 //	        patch               <patch>
 //	    }
 //
+//	    model <name> {                      # a router model: rules, no upstreams
+//	        judge               <model> [<deadline>]
+//	        queue_size, queue_timeout, resume as above
+//	        rule <name> {
+//	            priority        <int>
+//	            effort          low|medium|high
+//	            match           <attribute> <value> [<value>...]
+//	            use             <model> [<model>...]
+//	            weights         <int> [<int>...]
+//	            shadow          <model> <fraction>
+//	        }
+//	    }
+//
 //	    key <id> {
 //	        secret              <secret or placeholder>
 //	        sha256              <hex digest of the secret>
@@ -124,6 +137,9 @@ func init() {
 //	        tokens_per_day      <int>
 //	        spend_per_day       <USD>
 //	        spend_per_month     <USD>
+//	        labels {
+//	            <name>          <value>
+//	        }
 //	    }
 //	}
 //
@@ -132,7 +148,8 @@ func init() {
 // `model <name> <upstream id>...`. `upstreams` may be repeated; each line
 // appends, and the order is the model's priority order. `header` may be
 // repeated (one header per line), and so may `forward_headers` (each line
-// appends). Every other setting may appear once per
+// appends). A router model's `rule` may be repeated (names unique in the
+// model), and so may a rule's `match` (one attribute per line). Every other setting may appear once per
 // block, and provider, upstream and model ids must be unique. A pool's
 // `upstreams` may be repeated too; its id must differ from every upstream's.
 //
@@ -193,6 +210,7 @@ func unmarshalHandler(d *caddyfile.Dispenser) (*llmroute.Handler, error) {
 		pools:     make(map[string]int),
 		models:    make(map[string]int),
 		keys:      make(map[string]int),
+		routers:   make(map[string]bool),
 	}
 	if err := p.handler(); err != nil {
 		return nil, err
@@ -211,6 +229,7 @@ type parser struct {
 	pools     map[string]int
 	models    map[string]int
 	keys      map[string]int
+	routers   map[string]bool // models with rules
 
 	// refs are provider and upstream references, checked at the end so that
 	// definitions may come in any order. Each error is made while the
@@ -224,8 +243,12 @@ type reference struct {
 	providerRef bool // else an upstream reference
 	orPool      bool // an upstream reference that may name a pool (a model's)
 	poolID      bool // a pool's own id, which no upstream may have
-	id          string
-	err         error
+	// model: a model named by a router model's rule or judge, which must
+	// be a plain model; routerErr is the error when it is a router model.
+	model     bool
+	routerErr error
+	id        string
+	err       error
 }
 
 // settings remembers which settings a block has seen and where.
@@ -287,6 +310,15 @@ func (p *parser) handler() error {
 		}
 	}
 	for _, r := range p.refs {
+		if r.model {
+			if _, ok := p.models[r.id]; !ok {
+				return r.err
+			}
+			if p.routers[r.id] {
+				return r.routerErr
+			}
+			continue
+		}
 		if r.poolID {
 			if _, clash := p.upstreams[r.id]; clash {
 				return r.err
@@ -648,7 +680,7 @@ func (p *parser) model() error {
 	}
 	m := llmroute.Model{Name: name, Upstreams: []string{}}
 	where := fmt.Sprintf("model %q: ", name)
-	missing := d.Errf("%sneeds at least one upstream (`model <name> <upstream id>...` or `upstreams` in its block)", where)
+	missing := d.Errf("%sneeds at least one upstream (`model <name> <upstream id>...` or `upstreams` in its block) or rule (`rule <name> { … }` in its block)", where)
 	listed := map[string]int{}
 	addUpstreams := func() error {
 		for d.NextArg() {
@@ -669,14 +701,23 @@ func (p *parser) model() error {
 		return err
 	}
 	seen := settings{}
+	rules := map[string]int{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if opt != "upstreams" {
+		if opt != "upstreams" && opt != "rule" {
 			if err := seen.once(d, where, opt); err != nil {
 				return err
 			}
 		}
 		switch opt {
+		case "rule":
+			var r llmroute.Rule
+			if r, err = p.rule(name, rules); err == nil {
+				m.Rules = append(m.Rules, r)
+				p.routers[name] = true
+			}
+		case "judge":
+			m.Judge, err = p.judge(name)
 		case "upstreams":
 			if d.CountRemainingArgs() == 0 {
 				return d.Errf("%supstreams: want at least one upstream id", where)
@@ -704,8 +745,15 @@ func (p *parser) model() error {
 			return err
 		}
 	}
-	if len(m.Upstreams) == 0 {
+	switch {
+	case len(m.Upstreams) > 0 && len(m.Rules) > 0:
+		return d.Errf("%sset upstreams or rules, not both", where)
+	case len(m.Upstreams) == 0 && len(m.Rules) == 0:
 		return missing
+	case m.Judge != nil && len(m.Rules) == 0:
+		return d.Errf("%sjudge: only a router model (one with rules) has a judge", where)
+	case len(m.Rules) > 0 && m.Patch != nil:
+		return d.Errf("%spatch: a router model has none of its own; put it on the models in use", where)
 	}
 	p.h.Models = append(p.h.Models, m)
 	return nil

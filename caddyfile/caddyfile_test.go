@@ -438,6 +438,25 @@ func TestParseErrors(t *testing.T) {
 		{"model queue_size bad", "llm_route {\n\tmodel m {\n\t\tqueue_size x\n\t}\n}", `model "m": queue_size: "x" is not an integer`, 3},
 		{"unknown model setting", "llm_route {\n\tmodel m {\n\t\tmax_concurrency 1\n\t}\n}", `model "m": unrecognized subdirective "max_concurrency"`, 3},
 
+		// router model
+		{"rule without name", "llm_route {\n\tmodel auto {\n\t\trule {\n\t\t}\n\t}\n}", `model "auto": rule: want a name`, 3},
+		{"duplicate rule", "llm_route {\n" + prov + "\tupstream u p m\n\tmodel a u\n\tmodel auto {\n\t\trule r {\n\t\t\tuse a\n\t\t}\n\t\trule r {\n\t\t\tuse a\n\t\t}\n\t}\n}", `model "auto": rule "r": duplicate name (first at line 8)`, 11},
+		{"rule without use", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tpriority 2\n\t\t}\n\t}\n}", `model "auto": rule "r": use: needs at least one model`, 5},
+		{"rule setting twice", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tpriority 2\n\t\t\tpriority 3\n\t\t}\n\t}\n}", `model "auto": rule "r": priority already specified at line 4`, 5},
+		{"rule unknown setting", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tupstreams u\n\t\t}\n\t}\n}", `model "auto": rule "r": unrecognized subdirective "upstreams"`, 4},
+		{"match attribute twice", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tmatch team a\n\t\t\tmatch team b\n\t\t}\n\t}\n}", `model "auto": rule "r": match "team": already specified`, 5},
+		{"match upper-case", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tmatch Team a\n\t\t}\n\t}\n}", `match "Team": attribute names are lower-case`, 4},
+		{"match without value", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tmatch team\n\t\t}\n\t}\n}", `model "auto": rule "r": match: want at least 2 arguments, got 1`, 4},
+		{"bad weight", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tweights 9 x\n\t\t}\n\t}\n}", `weights: "x" is not a non-negative integer`, 4},
+		{"bad priority", "llm_route {\n\tmodel auto {\n\t\trule r {\n\t\t\tpriority high\n\t\t}\n\t}\n}", `priority: "high" is not an integer`, 4},
+		{"unknown judge", "llm_route {\n" + prov + "\tupstream u p m\n\tmodel a u\n\tmodel auto {\n\t\tjudge clf\n\t\trule r {\n\t\t\tuse a\n\t\t}\n\t}\n}", `model "auto": judge: unknown model "clf"`, 8},
+		{"judge bad deadline", "llm_route {\n\tmodel auto {\n\t\tjudge clf soon\n\t}\n}", `model "auto": judge: deadline: invalid duration "soon"`, 3},
+		{"judge on a plain model", "llm_route {\n" + prov + "\tupstream u p m\n\tmodel a u {\n\t\tjudge a\n\t}\n}", `model "a": judge: only a router model (one with rules) has a judge`, 8},
+		{"router model with a patch", "llm_route {\n" + prov + "\tupstream u p m\n\tmodel a u\n\tmodel auto {\n\t\tpatch `{}`\n\t\trule r {\n\t\t\tuse a\n\t\t}\n\t}\n}", `model "auto": patch: a router model has none of its own`, 12},
+		{"unknown shadow model", "llm_route {\n" + prov + "\tupstream u p m\n\tmodel a u\n\tmodel auto {\n\t\trule r {\n\t\t\tuse a\n\t\t\tshadow cand 0.5\n\t\t}\n\t}\n}", `model "auto": rule "r": shadow: unknown model "cand"`, 10},
+		{"label upper-case", "llm_route {\n\tkey k {\n\t\tsecret s\n\t\tlabels {\n\t\t\tTeam a\n\t\t}\n\t}\n}", `key "k": labels: name "Team" must be lower-case`, 5},
+		{"label twice", "llm_route {\n\tkey k {\n\t\tsecret s\n\t\tlabels {\n\t\t\tteam a\n\t\t\tteam b\n\t\t}\n\t}\n}", `key "k": labels: "team" already specified`, 6},
+
 		// patch
 		{"patch without value", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\tpatch\n\t}\n}", `provider "p": patch: want a block or one raw JSON object`, 4},
 		{"patch twice", "llm_route {\n\tprovider p {\n\t\turl http://x\n\t\tpatch `{}`\n\t\tpatch `{}`\n\t}\n}", "patch already specified at line 4", 5},

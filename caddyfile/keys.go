@@ -3,6 +3,7 @@ package caddyfile
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/llm-route/caddy-llm-route/llmroute"
 )
@@ -18,6 +19,9 @@ import (
 //	    tokens_per_day  <int>
 //	    spend_per_day   <USD>
 //	    spend_per_month <USD>
+//	    labels {
+//	        <name>      <value>
+//	    }
 //	}
 //
 // `models` may be repeated (each line appends); every other setting once.
@@ -56,6 +60,8 @@ func (p *parser) key() error {
 			k.SpendPerDay, err = p.usd(where, name)
 		case "spend_per_month":
 			k.SpendPerMonth, err = p.usd(where, name)
+		case "labels":
+			k.Labels, err = p.labels(where)
 		default:
 			return d.Errf("%sunrecognized subdirective %q", where, name)
 		}
@@ -88,4 +94,31 @@ func (p *parser) usd(where, name string) (float64, error) {
 		return 0, p.d.Errf("%s%s: %q is not a non-negative number of USD", where, name, s)
 	}
 	return v, nil
+}
+
+// labels reads a key's labels block, one `<name> <value>` per line.
+func (p *parser) labels(where string) (map[string]string, error) {
+	d := p.d
+	if d.NextArg() {
+		return nil, d.Errf("%slabels: want a block of <name> <value> lines, got argument %q", where, d.Val())
+	}
+	out := map[string]string{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		args, err := p.args(where+"labels: ", name, 1, 1)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case name == "key":
+			return nil, d.Errf("%slabels: %q is set by the router", where, name)
+		case strings.ToLower(name) != name:
+			return nil, d.Errf("%slabels: name %q must be lower-case", where, name)
+		}
+		if _, dup := out[name]; dup {
+			return nil, d.Errf("%slabels: %q already specified", where, name)
+		}
+		out[name] = args[0]
+	}
+	return out, nil
 }

@@ -85,6 +85,11 @@ type attemptResult struct {
 	// X-LLM-Route-Placement) and the short hash of the request's affinity
 	// key, for the completion log; "" outside a pool.
 	placement, affinity string
+	// rule, effort and effortSrc are a router model request's (frontReq),
+	// for the completion log and the span; rule is nil for a plain model.
+	rule      *rule
+	effort    effort
+	effortSrc effortSource
 }
 
 // Reasons a stream can end abnormally after its first byte reached the
@@ -105,6 +110,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, rt *route, t *
 	defer h.finishOnPanic(rt, t, &res, start, fr.arrival, &recorded)
 	res = h.exchangeRetrying(w, r, rt, t, body, fr)
 	res.placement, res.affinity = fr.place.logged(t)
+	res.rule, res.effort, res.effortSrc = fr.rule, fr.effort, fr.effortSrc
 	h.finish(rt, t, res, start, fr.arrival)
 	recorded = true
 	if res.abort {
@@ -372,13 +378,25 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 		h.countAttempt(rt, t, res)
 	}
 	if c := h.logger.Check(zapcore.InfoLevel, "request completed"); c != nil {
+		rule, effort, chainModel := ruleFields(&res, t)
 		c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.String("provider", u.Provider),
 			zap.String("result", res.result), zap.Int("status", res.status), zap.Duration("duration", now.Sub(start)),
 			zap.Int64("slot_released", n), limitField(u.Limit), zap.Stringer("api", res.api), zap.String("mode", res.mode),
 			zap.Int64("input_tokens", res.usage.Input), zap.Int64("output_tokens", res.usage.Output),
 			ttftField(res, arrival), zap.Duration("request_duration", now.Sub(arrival)),
-			optionalString("placement", res.placement), optionalString("affinity", res.affinity))
+			optionalString("placement", res.placement), optionalString("affinity", res.affinity),
+			optionalString("rule", rule), optionalString("effort", effort), optionalString("chain_model", chainModel))
 	}
+}
+
+// ruleFields are a router model request's rule, effort (with its source)
+// and the used model of the chain, for the completion log; "" (no field)
+// for a plain model.
+func ruleFields(res *attemptResult, t *target) (rule, effort, chainModel string) {
+	if res.rule == nil {
+		return "", "", ""
+	}
+	return res.rule.name, effortHeaders[res.effort][res.effortSrc], t.model
 }
 
 // optionalString is a string field, left out when empty.

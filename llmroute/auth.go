@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/llm-route/caddy-llm-route/llmroute/keys"
 	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
+	"github.com/llm-route/caddy-llm-route/llmroute/placement"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
 )
 
@@ -63,6 +65,14 @@ type ClientKey struct {
 	// SpendPerMonth bounds the key's spend per UTC calendar month, in USD.
 	// Default 0: no limit.
 	SpendPerMonth float64 `json:"spend_per_month,omitempty"`
+
+	// Labels are attributes the router sets on every request made with
+	// this key, e.g. `{"team": "billing"}`, for router models' rules to
+	// match. Names are lower-case and not `key` (the router sets that to
+	// the key's id). A client can never set or override a label name, in
+	// the body or in an X-LLM-Attr-* header, whatever key it uses.
+	// Default: none.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // clientKey is a ClientKey compiled: its hash, which models it may use and
@@ -75,6 +85,10 @@ type clientKey struct {
 	models map[string]bool // the config's model names the key may use
 	rate   keys.Rate
 	budget keys.Budget
+	// labels are the key's labels (router model attributes); idHash is
+	// placement.HashString(id), a weighted rule's sticky key.
+	labels map[string]string
+	idHash uint64
 
 	modelsBody, anthropicModels []byte // GET …/models for this key, pre-encoded
 
@@ -108,6 +122,20 @@ func (h *Handler) provisionKeys() error {
 			rate: keys.Rate{PerMinute: kc.RPM, Burst: kc.Burst},
 			budget: keys.Budget{TokensPerDay: kc.TokensPerDay,
 				SpendPerDay: keys.USD(kc.SpendPerDay), SpendPerMonth: keys.USD(kc.SpendPerMonth)}}
+		k.labels, k.idHash = kc.Labels, placement.HashString(kc.ID)
+		labelNames := make([]string, 0, len(kc.Labels))
+		for name := range kc.Labels {
+			labelNames = append(labelNames, name)
+		}
+		sort.Strings(labelNames)
+		for _, name := range labelNames {
+			switch {
+			case name == "key":
+				bad("%s: labels: %q is set by the router", where, name)
+			case name == "" || strings.ToLower(name) != name:
+				bad("%s: labels: name %q must be lower-case", where, name)
+			}
+		}
 		switch {
 		case kc.Secret != "" && kc.SHA256 != "":
 			bad("%s: set secret or sha256, not both", where)

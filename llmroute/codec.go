@@ -68,6 +68,9 @@ type codec interface {
 	// order into its prefix index, and a pool keys a session by the
 	// affinity key when no session header names it.
 	prompt() *promptShape
+	// rules says where a request keeps its effort and user, for a router
+	// model's rules (rules.go).
+	rules() *ruleShape
 
 	// shape is how an event stream of the API, passed through as a native
 	// upstream sent it, ends and takes the proxy's final error event.
@@ -225,6 +228,11 @@ type frontReq struct {
 	// attempts counts the request's exchanges with upstreams so far:
 	// failovers, same-upstream retries and continuations (X-LLM-Route-Attempts).
 	attempts int
+	// rule is a router model's rule for the request (nil for a plain
+	// model), with the request's effort and where it came from.
+	rule      *rule
+	effort    effort
+	effortSrc effortSource
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint, as the
@@ -291,6 +299,10 @@ func (nativeOnly) sessionID(ids ledger.Ledger, _, out []byte, _ translation) str
 func (nativeOnly) notResumable([]byte) string { return "" }
 func (nativeOnly) shape() *streamShape        { return &defaultShape }
 func (nativeOnly) prompt() *promptShape       { return &nativePrompt }
+func (nativeOnly) rules() *ruleShape          { return &nativeRules }
+
+// nativeRules: a top-level user, no effort.
+var nativeRules = ruleShape{user: "user"}
 
 // nativePrompt: completions' prompt, embeddings' input.
 var nativePrompt = promptShape{parts: [3]string{"prompt", "input"}}

@@ -20,6 +20,11 @@ func (chatCodec) shape() *streamShape { return &chatShape }
 
 // prompt: the system prompt is one of the messages; prompt_cache_key is
 // the client's key (OpenAI's cache routing hint).
+// rules: where the effort and the user are (router models).
+func (chatCodec) rules() *ruleShape { return &chatRules }
+
+var chatRules = ruleShape{effort: [2]string{"reasoning_effort"}, user: "user"}
+
 func (chatCodec) prompt() *promptShape { return &chatPrompt }
 
 var chatPrompt = promptShape{parts: [3]string{"messages", "tools"}, key: [2]string{"prompt_cache_key"}}

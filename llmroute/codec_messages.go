@@ -21,6 +21,11 @@ func (messagesCodec) notResumable([]byte) string     { return "" }
 func (messagesCodec) shape() *streamShape            { return &messagesShape }
 
 // prompt: metadata.user_id carries Claude Code's session.
+// rules: where the effort and the user are (router models).
+func (messagesCodec) rules() *ruleShape { return &messagesRules }
+
+var messagesRules = ruleShape{effort: [2]string{"output_config", "effort"}, budget: [2]string{"thinking", "budget_tokens"}, userIn: "user_id"}
+
 func (messagesCodec) prompt() *promptShape { return &messagesPrompt }
 
 var messagesPrompt = promptShape{parts: [3]string{"system", "messages", "tools"}, key: [2]string{"metadata", "user_id"}}

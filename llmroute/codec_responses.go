@@ -23,6 +23,11 @@ func (responsesCodec) notResumable([]byte) string     { return "" }
 func (responsesCodec) shape() *streamShape            { return &responsesShape }
 
 // prompt: Codex sets prompt_cache_key to its session.
+// rules: where the effort and the user are (router models).
+func (responsesCodec) rules() *ruleShape { return &responsesRules }
+
+var responsesRules = ruleShape{effort: [2]string{"reasoning", "effort"}, user: "user"}
+
 func (responsesCodec) prompt() *promptShape { return &responsesPrompt }
 
 var responsesPrompt = promptShape{parts: [3]string{"instructions", "input", "tools"}, key: [2]string{"prompt_cache_key"}}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/placement"
 )
@@ -265,15 +266,30 @@ type Pool struct {
 	CacheThreshold *float64 `json:"cache_threshold,omitempty"`
 }
 
-// Model is what clients ask for: a name and an ordered list of upstreams.
+// Model is what clients ask for: a name and an ordered list of upstreams,
+// or, for a router model, rules that pick a chain of other models.
 type Model struct {
-	// Name is what the client sends as `model`. Unique among models.
+	// Name is what the client sends as `model`. Unique among models. A
+	// client may ask for a router model with an effort suffix,
+	// `<name>:low`, `<name>:medium` or `<name>:high`.
 	Name string `json:"name"`
 
 	// Upstreams are upstream or pool IDs in priority order: a request goes
 	// to the first one that is not cooling and has a free slot; a pool's
-	// members are tried in its placement order for the request.
-	Upstreams []string `json:"upstreams"`
+	// members are tried in its placement order for the request. A plain
+	// model needs at least one; a router model has none (it has Rules).
+	Upstreams []string `json:"upstreams,omitempty"`
+
+	// Rules make the model a router model: each request goes to the chain
+	// of the matching rule with the highest priority (ties: the first
+	// listed). For each of the efforts low, medium and high, some rule
+	// without `match` must cover it, so that every request finds one.
+	// Default: none (a plain model, served by Upstreams).
+	Rules []Rule `json:"rules,omitempty"`
+
+	// Judge asks a model to guess the effort of a request that pins none
+	// (EXPERIMENTAL). Default: none, and such a request is medium.
+	Judge *Judge `json:"judge,omitempty"`
 
 	// Patch is deep-merged into the request body last (highest priority).
 	Patch json.RawMessage `json:"patch,omitempty"`
@@ -289,6 +305,96 @@ type Model struct {
 	// the client (cut, stall, request timeout) on the next free upstream of
 	// the model, so the client sees one stream. Default: "off".
 	Resume string `json:"resume,omitempty"`
+}
+
+// Rule is one rule of a router model: which requests it takes (effort and
+// attributes) and the chain of models that serves them.
+type Rule struct {
+	// Name names the rule in headers, logs and metrics. Required, unique
+	// in the model.
+	Name string `json:"name"`
+
+	// Priority orders the rules: of the rules that match a request, the
+	// one with the highest priority wins, and of equal ones the first
+	// listed. Default 0.
+	Priority int `json:"priority,omitempty"`
+
+	// Effort is the request effort the rule takes: `low`, `medium` or
+	// `high`. Default: any effort.
+	Effort string `json:"effort,omitempty"`
+
+	// Match maps an attribute name (lower-case) to the value, or list of
+	// values, it must equal; every attribute listed must match. An absent
+	// attribute never matches. Attributes come from the body's `metadata`
+	// (string values), `user` (Messages: `metadata.user_id`), request
+	// headers `X-LLM-Attr-<Name>`, and, set by the router only, `key` (the
+	// client key id) and the client key's labels. Default: none, every
+	// request (a catch-all for the rule's effort).
+	Match map[string]StringList `json:"match,omitempty"`
+
+	// Use are the names of plain models, in order: the first serves the
+	// request, the others are its fallbacks (each with its own upstreams,
+	// pools and patches). At least one.
+	Use []string `json:"use"`
+
+	// Weights, one per model of Use, make the choice of the first model a
+	// weighted one, sticky per request `user` attribute (else client key,
+	// else affinity key): [90, 10] sends 10 % of users to the second
+	// model first. The rest of Use, in order, stays the fallback chain.
+	// Weight 0 is never chosen first. Default: none, Use's order.
+	Weights []int `json:"weights,omitempty"`
+
+	// Shadow also sends a fraction of the rule's requests to another
+	// model, whose answer is discarded. Default: none.
+	Shadow *Shadow `json:"shadow,omitempty"`
+}
+
+// StringList is one string or a list of strings. It decodes both and
+// encodes a single value as a plain string.
+type StringList []string
+
+// UnmarshalJSON accepts a string or an array of strings.
+func (l *StringList) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*l = StringList{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return fmt.Errorf("want a string or a list of strings, got %s", b)
+	}
+	*l = many
+	return nil
+}
+
+// MarshalJSON writes a single value as a string, else a list.
+func (l StringList) MarshalJSON() ([]byte, error) {
+	if len(l) == 1 {
+		return json.Marshal(l[0])
+	}
+	return json.Marshal([]string(l))
+}
+
+// Shadow duplicates a share of a rule's requests to a candidate model.
+type Shadow struct {
+	// Model is the plain model the copies go to. Required.
+	Model string `json:"model"`
+
+	// Fraction (0 to 1) is the share of the rule's requests copied.
+	// Default 0: none.
+	Fraction float64 `json:"fraction,omitempty"`
+}
+
+// Judge is the model asked for the effort of a request that pins none.
+type Judge struct {
+	// Model is the plain model asked; it needs an upstream that serves
+	// chat. Required.
+	Model string `json:"model"`
+
+	// Deadline bounds the judge's answer; a later one counts as no answer
+	// (medium). From 1ms to 10s. Default 250ms.
+	Deadline *Duration `json:"deadline,omitempty"`
 }
 
 // ThinkTags is a think_tags setting. It accepts a JSON string or a boolean
@@ -522,10 +628,23 @@ func validateConfig(providers []Provider, upstreams []Upstream, pools []Pool, mo
 	}
 
 	modelNames := make(map[string]bool, len(models))
+	routers := make(map[string]bool)
+	for _, m := range models {
+		if len(m.Rules) > 0 {
+			routers[m.Name] = true
+		}
+	}
 	for i, m := range models {
 		where := namedEntry(bad, modelNames, "model", i, "name", m.Name)
+		if base, e, ok := strings.Cut(m.Name, ":"); ok && routers[base] && parseEffortExact(e) != effortNone {
+			bad("%s: clashes with router model %q and its effort suffix", where, base)
+		}
+		if len(m.Rules) > 0 || m.Judge != nil {
+			validateRouter(bad, where, m, models, routers)
+			continue
+		}
 		if len(m.Upstreams) == 0 {
-			bad("%s: needs at least one upstream", where)
+			bad("%s: needs at least one upstream or rule", where)
 		}
 		seen := make(map[string]bool, len(m.Upstreams))
 		for _, id := range m.Upstreams {
@@ -551,6 +670,137 @@ func validateConfig(providers []Provider, upstreams []Upstream, pools []Pool, mo
 		return fmt.Errorf("llm_route config: %s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// maxMatchAttrs bounds the distinct attributes a router model's rules
+// match on: a request reads them into a fixed array.
+const maxMatchAttrs = 32
+
+// validateRouter checks a router model's rules and judge, naming the model
+// and the rule in every message.
+func validateRouter(bad func(string, ...any), where string, m Model, models []Model, routers map[string]bool) {
+	if len(m.Upstreams) > 0 {
+		bad("%s: set upstreams or rules, not both", where)
+	}
+	if len(m.Rules) == 0 {
+		bad("%s: needs at least one upstream or rule", where)
+	}
+	if p := bytes.TrimSpace(m.Patch); len(p) > 0 && string(p) != "null" {
+		bad("%s: patch: a router model has none of its own; put it on the models in use", where)
+	}
+	if m.Resume != "" && m.Resume != "on" && m.Resume != "off" {
+		bad("%s: resume: want on or off, got %q", where, m.Resume)
+	}
+	if m.QueueSize != nil && *m.QueueSize < 0 {
+		bad("%s: queue_size must not be negative", where)
+	}
+	known := make(map[string]bool, len(models))
+	for _, o := range models {
+		known[o.Name] = true
+	}
+	// plainModel reports a problem with a model a rule (or the judge)
+	// names, "" when it is a plain model of this config.
+	plainModel := func(name string) string {
+		switch {
+		case !known[name]:
+			return fmt.Sprintf("unknown model %q", name)
+		case routers[name] || name == m.Name:
+			return fmt.Sprintf("%q is a router model", name)
+		}
+		return ""
+	}
+	names := make(map[string]bool, len(m.Rules))
+	attrs := make(map[string]bool)
+	var covered [numEfforts]bool
+	for i, r := range m.Rules {
+		rw := namedEntry(bad, names, "rule", i, "name", r.Name)
+		rw = where + ": " + rw
+		e := effortNone
+		if r.Effort != "" {
+			if e = parseEffortExact(r.Effort); e == effortNone {
+				bad("%s: effort: want low, medium or high, got %q", rw, r.Effort)
+			}
+		}
+		if len(r.Use) == 0 {
+			bad("%s: use: needs at least one model", rw)
+		}
+		seen := make(map[string]bool, len(r.Use))
+		for _, u := range r.Use {
+			switch why := plainModel(u); {
+			case why != "" && known[u]:
+				bad("%s: use: %s; a rule's chain names plain models", rw, why)
+			case why != "":
+				bad("%s: use: %s", rw, why)
+			case seen[u]:
+				bad("%s: use: model %q listed twice", rw, u)
+			}
+			seen[u] = true
+		}
+		if len(r.Weights) > 0 {
+			positive := false
+			if len(r.Weights) != len(r.Use) {
+				bad("%s: weights: want one per model in use (%d), got %d", rw, len(r.Use), len(r.Weights))
+			}
+			for _, w := range r.Weights {
+				switch {
+				case w < 0 || w > math.MaxUint32:
+					bad("%s: weights: must be from 0 to %d, got %d", rw, uint32(math.MaxUint32), w)
+				case w > 0:
+					positive = true
+				}
+			}
+			if !positive {
+				bad("%s: weights: at least one must be positive", rw)
+			}
+		}
+		attrNames := make([]string, 0, len(r.Match))
+		for a := range r.Match {
+			attrNames = append(attrNames, a)
+		}
+		sort.Strings(attrNames) // the same message first on every run
+		for _, a := range attrNames {
+			switch {
+			case a == "":
+				bad("%s: match: an attribute name must not be empty", rw)
+			case strings.ToLower(a) != a:
+				bad("%s: match %q: attribute names are lower-case (headers are read lower-cased)", rw, a)
+			case len(r.Match[a]) == 0:
+				bad("%s: match %q: needs at least one value", rw, a)
+			}
+			attrs[a] = true
+		}
+		if s := r.Shadow; s != nil {
+			if why := plainModel(s.Model); why != "" {
+				bad("%s: shadow: %s", rw, why)
+			}
+			if !(s.Fraction >= 0 && s.Fraction <= 1) {
+				bad("%s: shadow: fraction must be between 0 and 1, got %v", rw, s.Fraction)
+			}
+		}
+		if len(r.Match) == 0 {
+			for x := effortLow; x <= effortHigh; x++ {
+				covered[x] = covered[x] || e == effortNone || e == x
+			}
+		}
+	}
+	if len(attrs) > maxMatchAttrs {
+		bad("%s: more than %d distinct match attributes", where, maxMatchAttrs)
+	}
+	if len(m.Rules) > 0 {
+		for x := effortLow; x <= effortHigh; x++ {
+			if !covered[x] {
+				bad("%s: no rule without match covers effort %s: a %s request could match no rule", where, x, x)
+			}
+		}
+	}
+	if j := m.Judge; j != nil {
+		if why := plainModel(j.Model); why != "" {
+			bad("%s: judge: %s", where, why)
+		}
+		if d := j.Deadline; d != nil && (time.Duration(*d) < time.Millisecond || time.Duration(*d) > 10*time.Second) {
+			bad("%s: judge: deadline must be between 1ms and 10s", where)
+		}
+	}
 }
 
 // checkPatch accepts an absent patch or a JSON object.

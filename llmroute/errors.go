@@ -39,7 +39,10 @@ var (
 	errUpstreamNotFound = apiError{status: http.StatusBadGateway, typ: "server_error", code: "upstream_not_found", message: "every upstream answered 404/405: the proxy's provider url or upstream model name is wrong; see the proxy log"}
 	errUnsupported      = apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unsupported_endpoint", message: "no such endpoint; this proxy serves POST /v1/chat/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens, /v1/embeddings, /v1/completions and GET /v1/models, /v1/models/{id} (each also without the /v1 prefix)"}
 	errCORSOrigin       = apiError{status: http.StatusForbidden, typ: "invalid_request_error", code: "cors_origin_not_allowed", message: "the request's Origin is not allowed by the proxy's cors setting"}
-	errQueueTimeout     = apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "queue_timeout", message: "timed out waiting for a slot", retryAfter: 1}
+	// errNoRule cannot happen: validation gives every effort a catch-all
+	// rule. Should it, the client gets a clear 500, never a panic.
+	errNoRule       = apiError{status: http.StatusInternalServerError, typ: "server_error", code: "no_rule", message: "no rule of the router model matched the request"}
+	errQueueTimeout = apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "queue_timeout", message: "timed out waiting for a slot", retryAfter: 1}
 )
 
 // errUnknownModel is the 404 for a model the config does not name.

@@ -29,9 +29,11 @@ type routeMetrics struct {
 	refusals  *prometheus.CounterVec // errors.go
 	// placements counts pool members' placements by reason (place.go).
 	placements *prometheus.CounterVec
-	byReason   map[string]prometheus.Counter
-	state      stateCollector
-	vis        visibilityMetrics // usage.go
+	// rules counts router model requests by rule and effort (rules.go).
+	rules    *prometheus.CounterVec
+	byReason map[string]prometheus.Counter
+	state    stateCollector
+	vis      visibilityMetrics // usage.go
 }
 
 func getMetrics() *routeMetrics {
@@ -62,6 +64,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_placements_total",
 				Help: "Requests sent to a pool member, by why it was chosen. reason: first, least_busy, weighted, pinned, warm, cold, waited.",
 			}, []string{"pool", "upstream", "reason"}),
+			rules: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_rule_requests_total",
+				Help: "Requests to router models, by the rule that took them and the request's effort (low, medium, high); refused ones included.",
+			}, []string{"model", "rule", "effort"}),
 			vis: newVisibilityMetrics(),
 		}
 		// Every reason's series exists from the start (at 0), so that a
@@ -89,7 +95,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -237,6 +243,7 @@ type liveSeries struct {
 	queued    map[string]bool    // models with a queue
 	keys      map[string]bool    // client key ids
 	members   map[[2]string]bool // pool, upstream
+	rules     map[[2]string]bool // router model, rule
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -247,6 +254,7 @@ func seriesOf(g *generation) liveSeries {
 		queued:    make(map[string]bool),
 		keys:      make(map[string]bool),
 		members:   make(map[[2]string]bool),
+		rules:     make(map[[2]string]bool),
 	}
 	if g == nil {
 		return s
@@ -264,6 +272,11 @@ func seriesOf(g *generation) liveSeries {
 			s.upstreams[[2]string{u.ID, u.Provider}] = true
 		}
 		for _, rt := range h.table.routes {
+			if rt.rules != nil {
+				for _, ru := range rt.rules.rules {
+					s.rules[[2]string{rt.name, ru.name}] = true
+				}
+			}
 			s.models[rt.name] = true
 			if rt.queueSize > 0 {
 				s.queued[rt.name] = true
@@ -294,6 +307,9 @@ func pruneSeries(g *generation) {
 	})
 	deleteSeries(m.placements, func(l prometheus.Labels) bool {
 		return live.members[[2]string{l["pool"], l["upstream"]}]
+	})
+	deleteSeries(m.rules, func(l prometheus.Labels) bool {
+		return live.rules[[2]string{l["model"], l["rule"]}]
 	})
 	m.vis.prune(live)
 	pruneKeySeries(live.keys)

@@ -159,7 +159,7 @@ type promptShape struct {
 // spans names the members the request parse notes for sh
 // (transform.ParseRequestKeys): the prompt's, then the key's top-level one.
 func (sh *promptShape) spans() transform.Spans {
-	return transform.Spans{Names: [4]string{sh.parts[0], sh.parts[1], sh.parts[2], sh.key[0]}}
+	return transform.Spans{Names: [8]string{sh.parts[0], sh.parts[1], sh.parts[2], sh.key[0]}}
 }
 
 // read returns the raw values of the prompt's members (nil when absent)

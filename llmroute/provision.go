@@ -141,6 +141,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.table.routes[rt.name] = rt
 		h.table.modelList = append(h.table.modelList, rt.name)
+		if len(m.Rules) > 0 {
+			h.table.routers = true // compiled once the plain models are (compileRules)
+			continue
+		}
 		for a := range numAPIs {
 			if sub := rt.servingAPI(a); sub != nil {
 				if h.table.apiRoutes[a] == nil {
@@ -162,6 +166,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	if err := h.provisionRequests(); err != nil {
+		return err
+	}
+	if err := h.compileRules(); err != nil {
 		return err
 	}
 	h.table.created = time.Now().Unix()
@@ -393,7 +400,8 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 			Patch:            u.basePatch.Then(modelPatch),
 			ReasoningField:   u.reasoning,
 			ReasoningEmptyOK: u.emptyOK,
-		}, pool: ct.pool, step: ct.step, base: len(rt.targets), member: ct.member, memberID: placement.HashString(u.ID), weight: ct.weight})
+		}, pool: ct.pool, step: ct.step, base: len(rt.targets), member: ct.member, memberID: placement.HashString(u.ID), weight: ct.weight,
+			model: m.Name})
 	}
 	return rt, nil
 }

@@ -28,7 +28,10 @@ type routeTable struct {
 	// a messages-only upstream, nor an embeddings request to a chat-only
 	// one. A route all of whose upstreams can is the route itself; a model
 	// with none is absent.
-	apiRoutes       [numAPIs]map[string]*route
+	apiRoutes [numAPIs]map[string]*route
+	// routers: some model is a router model (rules.go); without one, a
+	// request reads no rule members and tries no effort suffix.
+	routers         bool
 	anthropicModels []byte // GET …/models with anthropic-version, pre-encoded
 	modelList       []string
 	modelsBody      []byte
@@ -134,6 +137,9 @@ type target struct {
 	member     int    // its place in the pool (the pool's member numbers)
 	memberID   uint64 // placement.HashString of the upstream id
 	weight     uint32 // the member's sticky weight in its pool
+	// model is the model the target belongs to: in a router model's
+	// chain, the used model (the completion log's chain_model).
+	model string
 }
 
 // ledger returns the ledger the route's upstreams count in (all of one
@@ -158,6 +164,10 @@ type route struct {
 	// budgetOf is, in a route restricted to the upstreams a client key's
 	// budget has room for (budget.go), the route it was cut from.
 	budgetOf *route
+	// rules make the route a router model's (rules.go): a request goes to
+	// the chain its rule picks; targets are then the union of the chains.
+	// nil for a plain model.
+	rules *ruleSet
 }
 
 // order is the configured list order of a route's targets, as indexes

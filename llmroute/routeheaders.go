@@ -18,7 +18,11 @@ const (
 	hdrRouteSkipped  = "X-Llm-Route-Skipped"
 	// hdrRoutePlacement is a pool member's placement (place.go).
 	hdrRoutePlacement = "X-Llm-Route-Placement"
-	hdrRequestID      = "X-Request-Id"
+	// hdrRouteRule and hdrRouteEffort are a router model's rule and the
+	// request's effort with its source, "high (suffix)" (rules.go).
+	hdrRouteRule   = "X-Llm-Route-Rule"
+	hdrRouteEffort = "X-Llm-Route-Effort"
+	hdrRequestID   = "X-Request-Id"
 )
 
 // maxClientRequestID bounds an x-request-id taken from the client: a longer

@@ -89,6 +89,10 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	}
 	// The members a pool's placement reads are noted in the same pass.
 	place := placeInput{spans: frontCodecs[f].prompt().spans(), parsed: true}
+	if h.table.routers {
+		// and the members a router model's rules read (rules.go)
+		frontCodecs[f].rules().addSpans(&place.spans)
+	}
 	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys, &place.spans)
 	if err != nil {
 		switch {
@@ -104,12 +108,26 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	fr := frontReq{f: f, codec: frontCodecs[f], stream: stream, arrival: arrival}
 	fr.api = fr.codec.api()
 	rt := h.table.routes[model]
+	var pinned effort
 	if rt == nil {
-		h.refuse(w, r, f, errUnknownModel(model), clientModel(model))
-		return nil
+		if h.table.routers {
+			rt, pinned = h.table.suffixed(model) // "auto:high"
+		}
+		if rt == nil {
+			h.refuse(w, r, f, errUnknownModel(model), clientModel(model))
+			return nil
+		}
 	}
-	// Only the upstreams that can serve the front's API take part.
-	if rt = h.table.apiRoutes[fr.api][model]; rt == nil {
+	// full is the route placement ranks over: the model's, or the chain's.
+	full := rt
+	if rt.rules != nil {
+		var ch *chain
+		if ch, rt = h.resolveRule(w, r, &fr, rt.rules, pinned, body, &place.spans, key); rt == nil {
+			return nil
+		}
+		full = ch.full
+	} else if rt = h.table.apiRoutes[fr.api][model]; rt == nil {
+		// Only the upstreams that can serve the front's API take part.
 		h.refuse(w, r, f, errNoAPI(model, fr.api), zap.String("model", model))
 		return nil
 	}
@@ -137,7 +155,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	fr.session = fr.codec.session(r)
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	place.r, place.repl, place.body, place.codec, place.led = r, repl, body, fr.codec, h.led
-	fr.place = placeRequest(h.table.routes[model], &place)
+	fr.place = placeRequest(full, &place)
 	defer donePlacing(fr.place)
 	var kr *keyReq
 	if key != nil {

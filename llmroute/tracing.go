@@ -26,6 +26,14 @@ func annotateSpan(r *http.Request, rt *route, t *target, res attemptResult, atte
 		attribute.String("llm_route.upstream", u.ID),
 		attribute.Int("llm_route.attempts", attempts),
 	)
+	if res.rule != nil {
+		span.SetAttributes(
+			attribute.String("llm_route.rule", res.rule.name),
+			attribute.String("llm_route.effort", res.effort.String()),
+			attribute.String("llm_route.effort_source", res.effortSrc.String()),
+			attribute.String("llm_route.chain_model", t.model),
+		)
+	}
 	if res.usage.Seen {
 		span.SetAttributes(
 			attribute.Int64("gen_ai.usage.input_tokens", res.usage.Input),

@@ -77,3 +77,13 @@ func mix(x uint64) uint64 {
 	x ^= x >> 31
 	return x
 }
+
+// HashBytes is HashString(string(b)) without the conversion.
+func HashBytes(b []byte) uint64 {
+	h := uint64(14695981039346656037)
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return mix(h)
+}

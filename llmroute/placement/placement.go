@@ -381,3 +381,21 @@ func partition(ms []Member, order []int, reasons []Reason) {
 		}
 	}
 }
+
+// Choose returns the index of the id with the highest weighted rendezvous
+// score for key: each key picks one id, with the share of keys an id gets
+// proportional to its weight, and raising one weight only moves keys onto
+// that id. Unlike a pool member's, weight 0 is never chosen. It returns -1
+// when every weight is 0. ids and weights are aligned.
+func Choose(key uint64, ids []uint64, weights []uint32) int {
+	best, bestScore := -1, 0.0
+	for i, id := range ids {
+		if weights[i] == 0 {
+			continue
+		}
+		if s := rendezvous(key, &Member{ID: id, Weight: weights[i]}); best < 0 || s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	return best
+}

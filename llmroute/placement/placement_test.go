@@ -487,3 +487,35 @@ func TestCacheAwareSpreadsNewSessions(t *testing.T) {
 		t.Errorf("first turns per member %v: want an even spread", per)
 	}
 }
+
+// TestChooseWeights: [90, 10] over 100,000 keys gives the second id 10 %
+// (± 1 %), weight 0 is never chosen, all zero is -1, raising a weight only
+// moves keys onto its id, and HashBytes equals HashString.
+func TestChooseWeights(t *testing.T) {
+	ids := []uint64{HashString("gpt-4o-mini"), HashString("gpt-5-mini"), HashString("never")}
+	w := []uint32{90, 10, 0}
+	var n [3]int
+	const keys = 100000
+	for i := range keys {
+		c := Choose(HashString("u-"+strconv.Itoa(i)), ids, w)
+		if c < 0 {
+			t.Fatalf("key %d: no choice", i)
+		}
+		n[c]++
+		if raised := Choose(HashString("u-"+strconv.Itoa(i)), ids, []uint32{90, 20, 0}); c == 1 && raised != 1 {
+			t.Fatalf("key %d left the canary when its weight went up", i)
+		}
+	}
+	if share := float64(n[1]) / keys; share < 0.09 || share > 0.11 {
+		t.Errorf("second id got %.3f of the keys, want 0.10 ± 0.01 (%v)", share, n)
+	}
+	if n[2] != 0 {
+		t.Errorf("weight 0 chosen %d times", n[2])
+	}
+	if c := Choose(1, ids, []uint32{0, 0, 0}); c != -1 {
+		t.Errorf("all weights 0: got %d, want -1", c)
+	}
+	if HashBytes([]byte("u-42")) != HashString("u-42") {
+		t.Error("HashBytes differs from HashString")
+	}
+}

@@ -33,12 +33,13 @@ func ParseRequest(body []byte) (model string, stream bool, err error) {
 
 // Spans names top-level members whose values ParseRequestKeys notes in
 // its pass ("" unused): a pool's placement reads the prompt from them
-// without scanning the body again.
+// (the first 4), and a router model's rules the effort, user and
+// metadata (the last 4), without scanning the body again.
 type Spans struct {
-	Names [4]string
+	Names [8]string
 	// At is each named member's value as body[At[i][0]:At[i][1]]; 0, 0
 	// when absent (the last of a repeated member wins).
-	At [4][2]int
+	At [8][2]int
 }
 
 // ParseRequestKeys is ParseRequest that also watches more top-level keys, in

@@ -261,7 +261,7 @@ func TestBackfillSeesPatchedBody(t *testing.T) {
 // included; an absent one stays 0, 0.
 func TestParseRequestKeysSpans(t *testing.T) {
 	body := []byte(`{"model":"m","sys\u0074em":"be brief","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	sp := Spans{Names: [4]string{"system", "messages", "tools"}}
+	sp := Spans{Names: [8]string{"system", "messages", "tools"}}
 	if _, _, _, err := ParseRequestKeys(body, nil, &sp); err != nil {
 		t.Fatal(err)
 	}
