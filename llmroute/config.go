@@ -713,8 +713,8 @@ func validateRouter(bad func(string, ...any), where string, m Model, models []Mo
 	attrs := make(map[string]bool)
 	var covered [numEfforts]bool
 	for i, r := range m.Rules {
-		rw := namedEntry(bad, names, "rule", i, "name", r.Name)
-		rw = where + ": " + rw
+		inModel := func(format string, args ...any) { bad(where+": "+format, args...) }
+		rw := where + ": " + namedEntry(inModel, names, "rule", i, "name", r.Name)
 		e := effortNone
 		if r.Effort != "" {
 			if e = parseEffortExact(r.Effort); e == effortNone {
