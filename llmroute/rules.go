@@ -1,6 +1,7 @@
 package llmroute
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -420,8 +421,7 @@ func (h *Handler) resolveRule(w http.ResponseWriter, r *http.Request, fr *frontR
 	}
 
 	var vals attrVals
-	var scratch [256]byte
-	rs.readAttrs(&vals, scratch[:0], r, sh, body, sp, key)
+	rs.readAttrs(&vals, r, sh, body, sp, key)
 
 	var ru *rule
 	for _, c := range rs.byEffort[e] {
@@ -520,20 +520,17 @@ func (sh *ruleShape) fieldEffort(body []byte, sp *transform.Spans) effort {
 // readAttrs fills vals, each source overriding the one before: the body's
 // metadata (string members), user, X-LLM-Attr-* headers, then the
 // router's own key and the key's labels. An owned attribute takes the
-// router's value only. scratch holds unescaped values.
-func (rs *ruleSet) readAttrs(vals *attrVals, scratch []byte, r *http.Request, sh *ruleShape, body []byte,
+// router's value only. Values point into the body; only a value with JSON
+// escapes is copied (decoded).
+func (rs *ruleSet) readAttrs(vals *attrVals, r *http.Request, sh *ruleShape, body []byte,
 	sp *transform.Spans, key *clientKey) {
 	str := func(v []byte) []byte {
 		if !jsonscan.IsString(v) {
 			return nil
 		}
 		raw := v[1 : len(v)-1]
-		for _, c := range raw {
-			if c == '\\' {
-				n := len(scratch)
-				scratch = jsonscan.AppendUnescape(scratch, raw)
-				return scratch[n:len(scratch):len(scratch)]
-			}
+		if bytes.IndexByte(raw, '\\') >= 0 {
+			return jsonscan.AppendUnescape(nil, raw)
 		}
 		return raw
 	}
