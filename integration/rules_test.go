@@ -418,3 +418,32 @@ func TestRuleConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestRuleSeriesFollowTheLoadedConfig: a reload that removes a rule drops
+// its llm_proxy_rule_requests_total series; the kept rule's stay.
+func TestRuleSeriesFollowTheLoadedConfig(t *testing.T) {
+	up := newUpstream(t, nil)
+	conf := func(rules ...map[string]any) map[string]any {
+		return cfg([]map[string]any{obj("id", "p", "url", up.base())},
+			[]map[string]any{obj("id", "u", "provider", "p", "model", "x")},
+			[]map[string]any{obj("name", "a", "upstreams", []string{"u"}), obj("name", "auto", "rules", rules)})
+	}
+	keep := obj("name", "keep", "use", []string{"a"})
+	gone := obj("name", "gone", "priority", 5, "match", obj("team", "x"), "use", []string{"a"})
+	p := startProxy(t, conf(keep, gone))
+	resp := p.chat(chatBody("auto", false), "X-LLM-Attr-Team", "x")
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK || resp.Header.Get("X-LLM-Route-Rule") != "gone" {
+		t.Fatalf("%d %s %v", resp.StatusCode, b, resp.Header)
+	}
+	if n := p.metric("llm_proxy_rule_requests_total", "effort", "medium", "model", "auto", "rule", "gone"); n != 1 {
+		t.Fatalf("rule gone counted %v", n)
+	}
+	p.load(conf(keep))
+	text := scrape(t, p)
+	if stale := seriesLines(text, `rule="gone"`); len(stale) > 0 {
+		t.Errorf("series of a removed rule remain:\n%s", strings.Join(stale, "\n"))
+	}
+	if len(seriesLines(text, `rule="keep"`)) != 3 {
+		t.Errorf("the kept rule's series (one per effort) are not all there:\n%s", strings.Join(seriesLines(text, "rule_requests"), "\n"))
+	}
+}

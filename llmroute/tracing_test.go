@@ -57,3 +57,43 @@ func TestSpanAttributes(t *testing.T) {
 		}
 	}
 }
+
+// TestRuleSpanAttributes: a router model request's span names the router
+// model, the rule, the effort and its source, and the model of the chain
+// that answered; a plain model's span has none of the rule attributes.
+func TestRuleSpanAttributes(t *testing.T) {
+	h := provisionBench(t, routerConfig(modelListServer(t).URL, 3))
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer func() { _ = tp.Shutdown(t.Context()) }()
+	for _, model := range []string{"auto:high", "m"} {
+		ctx, span := tp.Tracer("test").Start(t.Context(), "request")
+		body := bytes.Replace(benchRequest, []byte(`"model":"m"`), []byte(`"model":"`+model+`","user":"u-1"`), 1)
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body)).WithContext(ctx)
+		rec := httptest.NewRecorder()
+		if err := h.ServeHTTP(rec, req, nextNotCalled); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("%s: %v %d %s", model, err, rec.Code, rec.Body)
+		}
+		span.End()
+	}
+	spans := exp.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("spans = %d", len(spans))
+	}
+	attrs := func(i int) map[attribute.Key]any {
+		got := map[attribute.Key]any{}
+		for _, kv := range spans[i].Attributes {
+			got[kv.Key] = kv.Value.AsInterface()
+		}
+		return got
+	}
+	got := attrs(0)
+	chain := got["llm_route.chain_model"]
+	if got["gen_ai.request.model"] != "auto" || got["llm_route.rule"] != "anything-else" || got["llm_route.effort"] != "high" ||
+		got["llm_route.effort_source"] != "suffix" || (chain != "m" && chain != "m2") {
+		t.Errorf("router span attributes %v", got)
+	}
+	if plain := attrs(1); plain["llm_route.rule"] != nil || plain["gen_ai.request.model"] != "m" {
+		t.Errorf("plain span attributes %v", plain)
+	}
+}
