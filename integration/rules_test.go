@@ -447,3 +447,46 @@ func TestRuleSeriesFollowTheLoadedConfig(t *testing.T) {
 		t.Errorf("the kept rule's series (one per effort) are not all there:\n%s", strings.Join(seriesLines(text, "rule_requests"), "\n"))
 	}
 }
+
+// TestRuleChainKeyFiltered: a key's models list filters a router model's
+// chains: a model it may not use is never reached (the next one serves),
+// a chain with no model left is a 403, and GET /v1/models with a key lists
+// only the router models it may use, never a suffixed name.
+func TestRuleChainKeyFiltered(t *testing.T) {
+	rules := []map[string]any{
+		obj("name", "only-a", "priority", 5, "match", obj("team", "x"), "use", []string{"m-a"}),
+		obj("name", "canary", "use", []string{"m-a", "m-b"}, "weights", []int{50, 50}),
+	}
+	keys := []any{
+		obj("id", "limited", "secret", "sk-limited", "models", []string{"auto", "m-b"}),
+		obj("id", "plain-only", "secret", "sk-plain", "models", []string{"m-*"}),
+	}
+	s := startRules(t, []string{"m-a", "m-b"}, rules, "keys", keys)
+	for i := 0; i < 40; i++ {
+		resp := s.p.chat(fmt.Sprintf(`{"model":"auto","user":"u-%d","messages":[{"role":"user","content":"hi"}]}`, i),
+			"Authorization", "Bearer sk-limited")
+		if b := readAll(t, resp); resp.StatusCode != http.StatusOK || resp.Header.Get("X-LLM-Route-Upstream") != "u-m-b" {
+			t.Fatalf("user %d: %d %s, upstream %q", i, resp.StatusCode, b, resp.Header.Get("X-LLM-Route-Upstream"))
+		}
+	}
+	if n := len(s.ups["m-a"].Calls()); n != 0 {
+		t.Fatalf("the key reached m-a %d times", n)
+	}
+	msg := expectAPIError(t, s.p.chat(chatBody("auto", false), "Authorization", "Bearer sk-limited", "X-LLM-Attr-Team", "x"),
+		http.StatusForbidden, "model_not_allowed")
+	if msg != `this API key may use no model of rule "only-a" of model "auto"` {
+		t.Errorf("message %q", msg)
+	}
+	expectAPIError(t, s.p.chat(chatBody("auto:high", false), "Authorization", "Bearer sk-plain"), http.StatusForbidden, "model_not_allowed")
+
+	list := func(secret string) string {
+		resp := s.p.do(http.MethodGet, "/v1/models", "", "Authorization", "Bearer "+secret)
+		return readAll(t, resp)
+	}
+	if l := list("sk-limited"); !strings.Contains(l, `"id":"auto"`) || strings.Contains(l, `"m-a"`) || strings.Contains(l, "auto:") {
+		t.Errorf("limited key's model list %s", l)
+	}
+	if l := list("sk-plain"); strings.Contains(l, `"auto"`) || !strings.Contains(l, `"m-a"`) {
+		t.Errorf("plain-only key's model list %s", l)
+	}
+}

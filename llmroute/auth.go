@@ -89,6 +89,10 @@ type clientKey struct {
 	// placement.HashString(id), a weighted rule's sticky key.
 	labels map[string]string
 	idHash uint64
+	// narrow maps a router model's chain route that reaches a model the
+	// key may not use to the chain without it; nil entry: no model left
+	// (rules.go narrowChains).
+	narrow map[*route]*route
 
 	modelsBody, anthropicModels []byte // GET …/models for this key, pre-encoded
 
@@ -191,6 +195,7 @@ func (h *Handler) provisionKeys() error {
 			k.modelsBody = modelsListBody(names, h.table.created)
 			k.anthropicModels = anthropic.ModelsBody(names, time.Unix(h.table.created, 0))
 		}
+		h.narrowChains(k)
 		for i, typ := range tokenTypes {
 			k.tokens[i] = keyMetrics.tokens.WithLabelValues(k.id, typ)
 		}

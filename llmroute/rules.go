@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -457,7 +458,73 @@ func (h *Handler) resolveRule(w http.ResponseWriter, r *http.Request, fr *frontR
 		h.refuse(w, r, fr.f, errNoAPI(rs.model, fr.api), zap.String("model", rs.model), zap.String("rule", ru.name))
 		return nil, nil
 	}
+	if key != nil && key.narrow != nil && key.allows(rs.model) {
+		// The chain, filtered to the models the key may use.
+		if n, ok := key.narrow[rt]; ok {
+			if n == nil {
+				h.refuseKey(w, r, fr.f, key, rs.model, errNoModelOfRule(ru.name, rs.model))
+				return nil, nil
+			}
+			rt = n
+		}
+	}
 	return ch, rt
+}
+
+// errNoModelOfRule is the 403 for a key that may use the router model but
+// none of the models of the chain its request's rule picked.
+func errNoModelOfRule(rule, model string) apiError {
+	e := errModelNotAllowed(model)
+	e.message = "this API key may use no model of rule " + strconv.Quote(rule) + " of model " + strconv.Quote(model)
+	return e
+}
+
+// narrowChains maps each chain route of the router models that reaches a
+// model the key may not use to the route without those models (nil when
+// none is left): a key's models list filters the chains too.
+func (h *Handler) narrowChains(k *clientKey) {
+	if !h.table.routers || k.all {
+		return
+	}
+	for _, rt := range h.table.routes {
+		if rt.rules == nil {
+			continue
+		}
+		for _, ru := range rt.rules.rules {
+			for _, ch := range ru.chains {
+				for _, art := range ch.api {
+					if art == nil {
+						continue
+					}
+					if _, done := k.narrow[art]; done {
+						continue
+					}
+					sub := *art
+					sub.targets = nil
+					for _, t := range art.targets {
+						if k.allows(t.model) {
+							sub.targets = append(sub.targets, t)
+						}
+					}
+					switch len(sub.targets) {
+					case len(art.targets):
+						continue
+					case 0:
+						if k.narrow == nil {
+							k.narrow = make(map[*route]*route)
+						}
+						k.narrow[art] = nil
+						continue
+					}
+					sub.prepareFit(h.LongContextThreshold)
+					if k.narrow == nil {
+						k.narrow = make(map[*route]*route)
+					}
+					k.narrow[art] = &sub
+				}
+			}
+		}
+	}
 }
 
 // askJudge asks the router's judge for the effort of a request that pins
