@@ -270,3 +270,26 @@ func TestParseRequestKeysSpans(t *testing.T) {
 		t.Errorf("spans %q %q %v", got(0), got(1), sp.At[2])
 	}
 }
+
+// All eight slots are noted (the last four are a router model's effort,
+// budget, user and metadata), in one pass that allocates only the model.
+func TestParseRequestKeysEightSpans(t *testing.T) {
+	body := []byte(`{"model":"auto","system":"s","messages":[],"tools":[],"metadata":{"team":"x"},` +
+		`"output_config":{"effort":"high"},"thinking":{"budget_tokens":9},"user":"u-1","stream":false}`)
+	sp := Spans{Names: [8]string{"system", "messages", "tools", "metadata", "output_config", "thinking", "user", "metadata"}}
+	want := []string{`"s"`, `[]`, `[]`, `{"team":"x"}`, `{"effort":"high"}`, `{"budget_tokens":9}`, `"u-1"`, `{"team":"x"}`}
+	allocs := testing.AllocsPerRun(50, func() {
+		sp.At = [8][2]int{}
+		if _, _, _, err := ParseRequestKeys(body, nil, &sp); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for i, w := range want {
+		if got := string(body[sp.At[i][0]:sp.At[i][1]]); got != w {
+			t.Errorf("slot %d = %s, want %s", i, got, w)
+		}
+	}
+	if allocs > 1 && !raceEnabled {
+		t.Errorf("%v allocations per parse, want 1 (the model)", allocs)
+	}
+}
