@@ -29,6 +29,7 @@ func FuzzCaddyfile(f *testing.F) {
 		"llm_route {\n\tprovider p {\n\t\tpatch {\n\t\t\ta [ { ] }\n\t\t}\n\t}\n}",
 		"llm_route {\n\tprovider p {\n\t\tpatch {\n\t\t\ta 1 } b\n\t\t}\n\t}\n}",
 		"llm_route { provider p { url x } }",
+		"llm_route {\n\tupstream u p m\n\tmodel a u\n\tmodel auto {\n\t\tjudge a 250ms\n\t\trule r {\n\t\t\tpriority 3\n\t\t\teffort high\n\t\t\tmatch team x y\n\t\t\tuse a\n\t\t\tweights 1\n\t\t\tshadow a 0.5\n\t\t}\n\t}\n\tkey k {\n\t\tsecret s\n\t\tlabels {\n\t\t\tteam x\n\t\t}\n\t}\n}",
 		"}\n{\n}\n{",
 	} {
 		f.Add(seed)
