@@ -490,3 +490,16 @@ func TestRuleChainKeyFiltered(t *testing.T) {
 		t.Errorf("plain-only key's model list %s", l)
 	}
 }
+
+// TestRuleCountTokens: Claude Code asks count_tokens with the model name it
+// sends its messages with, suffix included: a router model answers it.
+func TestRuleCountTokens(t *testing.T) {
+	s := startRules(t, []string{"m-low", "m-medium", "m-high"}, effortRules)
+	for _, model := range []string{"auto", "auto:high"} {
+		resp := s.p.do(http.MethodPost, "/v1/messages/count_tokens",
+			fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello there"}]}`, model), "Content-Type", "application/json")
+		if b := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(b, `"input_tokens"`) {
+			t.Errorf("%s: %d %s", model, resp.StatusCode, b)
+		}
+	}
+}

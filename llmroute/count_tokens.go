@@ -36,6 +36,9 @@ func (h *Handler) serveCountTokens(w http.ResponseWriter, r *http.Request, key *
 		return nil
 	}
 	rt := h.table.routes[model]
+	if rt == nil && h.table.routers {
+		rt, _ = h.table.suffixed(model) // a router model's union of models counts
+	}
 	if rt == nil {
 		h.refuse(w, r, frontCountTokens, errUnknownModel(model), clientModel(model))
 		return nil
