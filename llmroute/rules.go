@@ -201,8 +201,9 @@ type chain struct {
 	uses []string        // the models, in the chain's order
 }
 
-// attrVal is one attribute's value for a request: bytes of the body (or
-// the unescape scratch), or a string from a header or the router.
+// attrVal is one attribute's value for a request: bytes of the body (a
+// decoded copy when the JSON string has escapes), or a string from a
+// header or the router. Empty counts as absent.
 type attrVal struct {
 	b []byte
 	s string
