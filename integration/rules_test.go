@@ -503,3 +503,22 @@ func TestRuleCountTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestRuleRefusalLog: when every model of the chain fails, the refusal's
+// log line names the rule, and the answer carries the rule headers.
+func TestRuleRefusalLog(t *testing.T) {
+	s := startRules(t, []string{"m-low", "m-medium", "m-high"}, effortRules)
+	s.ups["m-high"].setHandler(status(http.StatusInternalServerError))
+	resp := s.p.chat(chatBody("auto:high", false))
+	expectAPIError(t, resp, http.StatusServiceUnavailable, "all_upstreams_failed")
+	if resp.Header.Get("X-LLM-Route-Rule") != "r-high" || resp.Header.Get("X-LLM-Route-Effort") != "high (suffix)" {
+		t.Errorf("refusal headers %v", resp.Header)
+	}
+	var found bool
+	for _, e := range s.p.logEntries("request refused") {
+		found = found || e["model"] == "auto" && e["rule"] == "r-high"
+	}
+	if !found {
+		t.Errorf("no refusal line with the rule: %v", s.p.logEntries("request refused"))
+	}
+}

@@ -677,3 +677,12 @@ func (h *Handler) stickyKey(rs *ruleSet, vals *attrVals, r *http.Request, fr *fr
 	}
 	return rand.Uint64()
 }
+
+// ruleField names a router model request's rule in its refusal's log
+// line; nothing for a plain model.
+func (fr *frontReq) ruleField() zap.Field {
+	if fr.rule == nil {
+		return zap.Skip()
+	}
+	return zap.String("rule", fr.rule.name)
+}

@@ -135,7 +135,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 	if dups&rt.dupKeys != 0 {
 		// A key this model's patches write appears twice: the upstream might
 		// read the client's copy instead of the patched one.
-		h.refuse(w, r, f, errDuplicateKey, zap.String("model", rt.name))
+		h.refuse(w, r, f, errDuplicateKey, zap.String("model", rt.name), fr.ruleField())
 		return nil
 	}
 	if rt.sized() {
@@ -145,7 +145,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		fit := rt.fitting(est)
 		if fit == nil {
 			h.setSkipped(w, rt.noneFits(), nil, time.Now())
-			h.refuse(w, r, f, errContextTooLong(est.prompt+est.output), zap.String("model", rt.name))
+			h.refuse(w, r, f, errContextTooLong(est.prompt+est.output), zap.String("model", rt.name), fr.ruleField())
 			return nil
 		}
 		rt = fit
@@ -178,19 +178,19 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			return caddyhttp.Error(499, errClientClosed)
 		}
 		if apiErr.status != http.StatusServiceUnavailable {
-			h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
+			h.refuse(w, r, f, *apiErr, zap.String("model", rt.name), fr.ruleField())
 			return nil
 		}
 		// No free upstream: the refusal's one log line carries the slot
 		// state of every upstream, which says why.
 		now := time.Now()
 		h.setSkipped(w, rt, nil, now)
-		h.refuse(w, r, f, *apiErr, zap.String("model", rt.name), zap.Array("slots", slotLog{rt, now}))
+		h.refuse(w, r, f, *apiErr, zap.String("model", rt.name), fr.ruleField(), zap.Array("slots", slotLog{rt, now}))
 		return nil
 	}
 	if kr != nil {
 		if idx, apiErr = h.reserveAttempt(kr, rt, idx); apiErr != nil {
-			h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
+			h.refuse(w, r, f, *apiErr, zap.String("model", rt.name), fr.ruleField())
 			return nil
 		}
 	}
@@ -245,7 +245,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		}
 		if ok && kr != nil {
 			if next, apiErr = h.reserveAttempt(kr, rt, next); apiErr != nil {
-				h.refuse(w, r, f, *apiErr, zap.String("model", rt.name))
+				h.refuse(w, r, f, *apiErr, zap.String("model", rt.name), fr.ruleField())
 				return nil
 			}
 		}
@@ -262,7 +262,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			}
 			// Each attempt already logged its failure; the refusal's line
 			// lists them.
-			h.refuse(w, r, f, e, zap.String("model", rt.name), zap.Array("attempts", attemptLog(failures)))
+			h.refuse(w, r, f, e, zap.String("model", rt.name), fr.ruleField(), zap.Array("attempts", attemptLog(failures)))
 			return nil
 		}
 		if c := h.logger.Check(zapcore.InfoLevel, "failover"); c != nil {
