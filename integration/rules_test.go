@@ -408,6 +408,14 @@ func TestRuleConfigErrors(t *testing.T) {
 			`model "auto": no rule without match covers effort medium: a medium request could match no rule`},
 		{"label key", base([]map[string]any{catchAll}, "keys", []any{obj("id", "k", "secret", "s", "labels", obj("key", "x"))}), `key "k": labels: "key" is set by the router`},
 		{"label case", base([]map[string]any{catchAll}, "keys", []any{obj("id", "k", "secret", "s", "labels", obj("Team", "x"))}), `key "k": labels: name "Team" must be lower-case`},
+		{"judge without chat", func() map[string]any {
+			h := base([]map[string]any{catchAll})
+			h["providers"] = []map[string]any{obj("id", "p", "url", s.ups["m-a"].base()), obj("id", "pe", "url", s.ups["m-a"].base(), "apis", []string{"embeddings"})}
+			h["upstreams"] = []map[string]any{obj("id", "u", "provider", "p", "model", "x"), obj("id", "ue", "provider", "pe", "model", "e")}
+			h["models"] = append(h["models"].([]map[string]any), obj("name", "clf", "upstreams", []string{"ue"}))
+			h["models"].([]map[string]any)[2]["judge"] = obj("model", "clf")
+			return h
+		}(), `model "auto": judge: model "clf" has no upstream that serves chat`},
 		{"match type", base([]map[string]any{obj("name", "x", "use", []string{"a"}, "match", obj("team", 3))}), `want a string or a list of strings`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
