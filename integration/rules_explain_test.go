@@ -357,4 +357,15 @@ func TestRuleStatus(t *testing.T) {
 			t.Errorf("status page lacks %s", want)
 		}
 	}
+	if strings.Contains(page, "no router models") {
+		t.Error("the page says there are no router models")
+	}
+	// Without a router model the table says so, as the script does.
+	up := s.ups["gpt-4o"]
+	s.p.load(cfg([]map[string]any{obj("id", "p", "url", up.base())}, []map[string]any{obj("id", "u", "provider", "p", "model", "x")},
+		[]map[string]any{obj("name", "plain", "upstreams", []string{"u"})}))
+	if page := readAll(t, s.p.adminGet("/llm_route/")); !strings.Contains(page, `<tr class="empty"><td colspan="9">no router models</td></tr>`) ||
+		strings.Contains(page, "data-rule=") {
+		t.Errorf("page without router models:\n%s", page)
+	}
 }

@@ -79,6 +79,7 @@ var (
 		"placements":  placementsText,
 		"cachedRatio": cachedRatioText,
 		// router models
+		"hasRules":    hasRules,
 		"ruleEffort":  ruleEffortText,
 		"ruleMatch":   ruleMatchText,
 		"ruleWeights": ruleWeightsText,
@@ -338,6 +339,11 @@ func cachedRatioText(m memberStatus) string {
 		return "—"
 	}
 	return strconv.Itoa(int(math.Round(*m.CachedRatio*100))) + " %"
+}
+
+// hasRules reports whether any model is a router model.
+func hasRules(ms []modelStatus) bool {
+	return slices.ContainsFunc(ms, func(m modelStatus) bool { return len(m.Rules) > 0 })
 }
 
 // ruleEffortText is the rule's effort, "any" when it takes every one.
