@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -536,6 +537,11 @@ func TestGeminiErrors(t *testing.T) {
 	expectGoogleError(t, p.postGemini(t, "/v1beta/foo", `{}`), 404, "NOT_FOUND", "unsupported_endpoint")
 	expectGoogleError(t, p.postGemini(t, "/v1beta/models/m:generateContent", `{"contents":`), 400, "INVALID_ARGUMENT", "invalid_json")
 	expectGoogleError(t, p.postGemini(t, "/v1beta/models/m:embedContent", `{}`), 405, "UNIMPLEMENTED", "method_not_allowed")
+
+	cfg["max_request_body"] = 64
+	p.load(cfg)
+	big := `{"contents":[{"parts":[{"text":"` + strings.Repeat("x", 100) + `"}]}]}`
+	expectGoogleError(t, p.postGemini(t, "/v1beta/models/m:generateContent", big), 413, "INVALID_ARGUMENT", "request_too_large")
 }
 
 // TestGeminiClientKey: with client keys configured, the Google key is one
@@ -547,10 +553,12 @@ func TestGeminiClientKey(t *testing.T) {
 	t.Setenv("LLMR_TEAM_KEY", secretTeam)
 	t.Setenv("LLMR_SLOW_KEY", secretSlow)
 	up := newUpstream(t, nativeGemini("hello"))
-	cfg := withModel(geminiConfig([]*fakeUpstream{up}, []bool{true}), "m", "u1", "t", "u1")
-	cfg["models"].([]any)[1].(map[string]any)["name"] = "other"
+	chatUp := newUpstream(t, completion("hello from chat"))
+	cfg := geminiConfig([]*fakeUpstream{up, chatUp}, []bool{true, false})
+	cfg["models"] = []any{obj("name", "m", "upstreams", []string{"u1"}), obj("name", "t", "upstreams", []string{"u2"}),
+		obj("name", "other", "upstreams", []string{"u1"})}
 	cfg["keys"] = []any{
-		obj("id", "team", "secret", "{env.LLMR_TEAM_KEY}", "models", []string{"m"}),
+		obj("id", "team", "secret", "{env.LLMR_TEAM_KEY}", "models", []string{"m", "t"}),
 		obj("id", "slow", "secret", "{env.LLMR_SLOW_KEY}", "rpm", 1),
 	}
 	p := startProxy(t, cfg)
@@ -578,12 +586,16 @@ func TestGeminiClientKey(t *testing.T) {
 		return resp
 	}
 
-	// Served by the SDK's header, and by the query parameter.
-	res, err := geminiClient(t, p, secretTeam).Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
-	if err != nil || res.Text() != "hello" {
-		t.Fatalf("with x-goog-api-key: %+v %v", res, err)
+	// Served by the SDK's header, and by the query parameter, natively and
+	// translated.
+	for model, want := range map[string]string{"m": "hello", "t": "hello from chat"} {
+		res, err := geminiClient(t, p, secretTeam).Models.GenerateContent(context.Background(), model, genai.Text("hi"), nil)
+		if err != nil || res.Text() != want {
+			t.Fatalf("%s with x-goog-api-key: %+v %v", model, res, err)
+		}
 	}
-	for _, path := range []string{"/v1beta/models/m:generateContent?key=" + secretTeam, "/v1beta/models/m:streamGenerateContent?key=" + secretTeam + "&alt=sse"} {
+	for _, path := range []string{"/v1beta/models/m:generateContent?key=" + secretTeam, "/v1beta/models/m:streamGenerateContent?key=" + secretTeam + "&alt=sse",
+		"/v1beta/models/t:generateContent?key=" + secretTeam, "/v1beta/models/t:streamGenerateContent?alt=sse&key=" + secretTeam} {
 		resp := keep(p.postGemini(t, path, gen))
 		body := readAll(t, resp)
 		answers = append(answers, body)
@@ -595,7 +607,7 @@ func TestGeminiClientKey(t *testing.T) {
 	// Refusals, each in Google's shape.
 	expectGoogleError(t, keep(p.postGemini(t, "/v1beta/models/m:generateContent", gen)), 401, "UNAUTHENTICATED", "invalid_api_key")
 	expectGoogleError(t, keep(p.postGemini(t, "/v1beta/models/m:generateContent?key=nope", gen)), 401, "UNAUTHENTICATED", "invalid_api_key")
-	_, err = geminiClient(t, p, secretTeam+"x").Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
+	_, err := geminiClient(t, p, secretTeam+"x").Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
 	expectSDKError(t, "unknown key", err, 401, "UNAUTHENTICATED")
 	_, err = geminiClient(t, p, secretTeam).Models.GenerateContent(context.Background(), "other", genai.Text("hi"), nil)
 	expectSDKError(t, "model outside the key's list", err, 403, "PERMISSION_DENIED")
@@ -614,9 +626,9 @@ func TestGeminiClientKey(t *testing.T) {
 		t.Fatalf("rate limit details %v", e.Details)
 	}
 
-	calls := up.Calls()
-	if len(calls) < 3 {
-		t.Fatalf("%d upstream calls", len(calls))
+	calls := append(up.Calls(), chatUp.Calls()...)
+	if len(up.Calls()) < 3 || len(chatUp.Calls()) < 3 {
+		t.Fatalf("upstream calls: native %d, chat %d", len(up.Calls()), len(chatUp.Calls()))
 	}
 	var upstream strings.Builder
 	for _, c := range calls {
@@ -688,5 +700,77 @@ func TestGeminiFailoverNativeToTranslated(t *testing.T) {
 	}
 	if p.requests("m", "u1", "p1", "5xx") != 2 || p.requests("m", "u2", "p2", "ok") != 2 {
 		t.Fatalf("metrics:\n%s", p.metrics())
+	}
+}
+
+// TestGeminiProbe: an upstream that speaks only Gemini is probed in
+// Gemini's API: its stream URL (alt=sse) with its model in the path, no
+// model member in the body, the provider's key in x-goog-api-key; the
+// probe's answer ends the cooling long before the backoff would.
+func TestGeminiProbe(t *testing.T) {
+	var mu sync.Mutex
+	var probes []upstreamCall
+	healthy := false
+	g := newGate()
+	defer g.open()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		body := readReq(r)
+		mu.Lock()
+		isProbe, ok := strings.Contains(body, "2+2="), healthy
+		if isProbe {
+			probes = append(probes, upstreamCall{Path: r.URL.Path + "?" + r.URL.RawQuery, Header: r.Header.Clone(), Body: []byte(body)})
+		}
+		mu.Unlock()
+		if isProbe || ok {
+			nativeGemini("4")(w, r)
+			return
+		}
+		g.handler(func(w http.ResponseWriter, r *http.Request) {
+			googleError(w, http.StatusInternalServerError, "INTERNAL", "An internal error has occurred.")
+		})(w, r)
+	})
+	cfg := geminiConfig([]*fakeUpstream{up}, []bool{true})
+	prov := cfg["providers"].([]any)[0].(map[string]any)
+	prov["backoff"], prov["probe_interval"] = "5m", "100ms"
+	p := startProxy(t, cfg)
+
+	// Four failures at once: cooling 1+2+4+8 s, until ~8 s from now.
+	c := geminiClient(t, p, "k")
+	done := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := c.Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
+			done <- err
+		}()
+	}
+	g.waitArrivals(t, 4)
+	mu.Lock()
+	healthy = true // from now on the upstream answers; only a probe can tell
+	mu.Unlock()
+	g.open()
+	for range 4 {
+		<-done
+	}
+	if c := p.upstreamGauge("cooling_seconds", "u1", "p1"); c <= 4 {
+		t.Fatalf("cooling %v s after four failures, want > 4", c)
+	}
+	eventually(t, 6*time.Second, "a probe answered", func() bool {
+		return p.metric("llm_proxy_probe_pings_total", "upstream", "u1", "provider", "p1", "result", "ok") >= 1
+	})
+	if c := p.upstreamGauge("cooling_seconds", "u1", "p1"); c != 0 {
+		t.Fatalf("cooling %v s after a good probe", c)
+	}
+	mu.Lock()
+	pr := append([]upstreamCall(nil), probes...)
+	mu.Unlock()
+	var body map[string]any
+	if len(pr) == 0 || pr[0].Path != "/v1beta/models/real-model:streamGenerateContent?alt=sse" ||
+		json.Unmarshal(pr[0].Body, &body) != nil || body["model"] != nil || body["contents"] == nil ||
+		pr[0].Header.Get("X-Goog-Api-Key") != geminiProviderKey {
+		t.Fatalf("probes %+v", pr)
+	}
+	res, err := c.Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
+	if err != nil || res.Text() != "4" {
+		t.Fatalf("after the probe: %+v %v", res, err)
 	}
 }

@@ -170,11 +170,14 @@ const (
 // The model is everything between `/models/` and the last colon; it may
 // contain `/`. ok is false for a path that is not Gemini's.
 func classifyGemini(path string) (f front, allow, id string, ok bool) {
-	rest, beta := "", false
-	if i := strings.Index(path+"/", "/v1beta/"); i >= 0 {
-		rest, beta = path[i+len("/v1beta"):], true
-	} else if rest, ok = apiRest(path); !ok {
-		return frontNone, "", "", false
+	rest, beta := betaRest(path)
+	if !beta {
+		if strings.IndexByte(path, ':') < 0 {
+			return frontNone, "", "", false // the common case: no verb
+		}
+		if rest, ok = apiRest(path); !ok {
+			return frontNone, "", "", false
+		}
 	}
 	if beta && rest == "/models" {
 		return frontGeminiModels, "GET, HEAD", "", true
@@ -200,6 +203,22 @@ func classifyGemini(path string) (f front, allow, id string, ok bool) {
 	// A model itself (its colon, if any, is part of its name: an Ollama
 	// tag); another verb gets the 405 of a model path.
 	return frontGeminiModels, "GET, HEAD", m, true
+}
+
+// betaRest splits off the shortest prefix of path ending in the segment
+// `/v1beta` and returns what follows it ("" for the version itself).
+func betaRest(path string) (string, bool) {
+	for off := 0; ; {
+		i := strings.Index(path[off:], "/v1beta")
+		if i < 0 {
+			return "", false
+		}
+		end := off + i + len("/v1beta")
+		if end == len(path) || path[end] == '/' {
+			return path[end:], true
+		}
+		off = end
+	}
 }
 
 // geminiListing reports a GET …/v1/models[/{id}] asked with a Google key

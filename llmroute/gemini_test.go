@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 )
 
 // The Gemini paths: found under a /v1beta segment anywhere (a mount), the
@@ -40,6 +41,7 @@ func TestClassifyGeminiPath(t *testing.T) {
 		{"/v1/models/x:embedContent", frontModel, "x:embedContent", "GET, HEAD", false},
 		{"/models/m:generateContent", frontModel, "m:generateContent", "GET, HEAD", false},
 		{"/v1betax/models", frontNone, "", "", false},
+		{"/v1betax/v1beta/models", frontGeminiModels, "", "GET, HEAD", false},
 	} {
 		f, allow, id, _ := classifyPath(tc.path)
 		if f != tc.front || id != tc.id || allow != tc.allow {
@@ -120,6 +122,33 @@ func TestGeminiModelURL(t *testing.T) {
 	} {
 		if got := geminiModelURL("https://g/v1beta", model); got != want {
 			t.Errorf("%q: %s, want %s", model, got, want)
+		}
+	}
+}
+
+// The proxy's error event after a native Gemini stream broke mid-event is
+// Google's data event, and the half-written event before it is closed with
+// Google's "\r\n\r\n": a client splitting on the first blank line would
+// otherwise read the two as one.
+func TestGeminiErrorEventFraming(t *testing.T) {
+	for _, tc := range []struct {
+		name, written, gap string
+	}{
+		{"at a boundary", "data: {\"candidates\":[]}\r\n\r\n", ""},
+		{"mid-event", "data: {\"candidates\":[", "\r\n\r\n"},
+	} {
+		rec := httptest.NewRecorder()
+		var c clientWriter
+		c.init(rec, true, true, 0, time.Time{}, false)
+		c.shape = &geminiShape
+		if _, err := c.Write([]byte(tc.written)); err != nil {
+			t.Fatal(err)
+		}
+		c.writeError(codeInterrupted)
+		want := tc.written + tc.gap + `data: {"error":{"code":503,"message":"the upstream stream was interrupted before it finished","status":"UNAVAILABLE",` +
+			`"details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"stream_interrupted","domain":"llm_route"}]}}` + "\r\n\r\n"
+		if got := rec.Body.String(); got != want {
+			t.Errorf("%s:\n got %q\nwant %q", tc.name, got, want)
 		}
 	}
 }
