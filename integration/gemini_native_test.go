@@ -335,18 +335,24 @@ func TestGeminiNativeStream(t *testing.T) {
 }
 
 // TestGeminiStreamNoHeartbeat: the Google SDKs fail on an SSE comment
-// line, so a Gemini stream gets no keepalive even when heartbeats are on
-// and the upstream pauses for several heartbeat periods.
+// line, so a Gemini stream, native or translated, gets no keepalive even
+// when heartbeats are on and the upstream pauses for several heartbeat
+// periods.
 func TestGeminiStreamNoHeartbeat(t *testing.T) {
 	up := newUpstream(t, nativeGeminiStream("slow but whole", func(w http.ResponseWriter, _ *http.Request, evs []string) {
 		writeStream(w, evs, 700*time.Millisecond)
 	}))
-	cfg := geminiConfig([]*fakeUpstream{up}, []bool{true})
+	chatUp := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		writeStream(w, sseChunks("slow chat"), 500*time.Millisecond)
+	})
+	cfg := withModel(geminiConfig([]*fakeUpstream{up, chatUp}, []bool{true, false}), "m", "u1", "t", "u2")
 	cfg["heartbeat_interval"] = "100ms"
 	p := startProxy(t, cfg)
-	chunks, err := geminiStream(geminiClient(t, p, "k"), "m", "hi")
-	if err != nil || streamText(chunks) != "slow but whole" {
-		t.Fatalf("stream: %q, %v", streamText(chunks), err)
+	for _, tc := range []struct{ model, want string }{{"t", "slow chat"}, {"m", "slow but whole"}} {
+		chunks, err := geminiStream(geminiClient(t, p, "k"), tc.model, "hi")
+		if err != nil || streamText(chunks) != tc.want {
+			t.Fatalf("%s: stream %q, %v", tc.model, streamText(chunks), err)
+		}
 	}
 	resp := p.postGemini(t, "/v1beta/models/m:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"hi"}]}]}`)
 	if raw := readAll(t, resp); raw != strings.Join(geminiEvents("slow but whole"), "") {
