@@ -780,3 +780,41 @@ func TestGeminiProbe(t *testing.T) {
 		t.Fatalf("after the probe: %+v %v", res, err)
 	}
 }
+
+// TestGeminiResume: a translated Gemini stream whose chat upstream breaks
+// mid-answer is continued on the next one (resume on): the SDK reads the
+// whole text and one finishReason, no error; the continuation is a chat
+// stream ending in the delivered text.
+func TestGeminiResume(t *testing.T) {
+	a := newUpstream(t, faultChunkedCut(firstEvents(40)))
+	b := newUpstream(t, deterministic(resumeB, false, 1))
+	p := startProxy(t, resumeConfig(a, b, "30s"))
+	ok0 := p.resumes("ok")
+	chunks, err := geminiStream(geminiClient(t, p, "k"), "m", "count")
+	if err != nil || streamText(chunks) != resumeFull {
+		t.Fatalf("stream %q: %v", streamText(chunks), err)
+	}
+	finishes := 0
+	for _, c := range chunks {
+		if len(c.Candidates) > 0 && c.Candidates[0].FinishReason != "" {
+			finishes++
+		}
+	}
+	if finishes != 1 || chunks[len(chunks)-1].Candidates[0].FinishReason != genai.FinishReasonStop {
+		t.Fatalf("%d finish reasons", finishes)
+	}
+	if d := p.resumes("ok") - ok0; d != 1 {
+		t.Errorf("resumes ok counted %v, want 1", d)
+	}
+	calls := b.Calls()
+	var chat struct{ Stream bool }
+	if len(calls) != 1 {
+		t.Fatalf("second upstream: %d calls, want 1", len(calls))
+	}
+	if calls[0].Path != "/v1/chat/completions" || json.Unmarshal(calls[0].Body, &chat) != nil || !chat.Stream {
+		t.Fatalf("second upstream: a call at %s: %s", calls[0].Path, calls[0].Body)
+	}
+	if prefix, ok := lastAssistant(calls[0].Body); !ok || prefix != strings.Join(resumeTokens[:40], "") {
+		t.Errorf("prefill = %q (%v)", prefix, ok)
+	}
+}
