@@ -22,6 +22,9 @@ func (chatCodec) shape() *streamShape { return &chatShape }
 // the client's key (OpenAI's cache routing hint).
 func (chatCodec) prompt() *promptShape { return &chatPrompt }
 
+// pathTarget: the body names the model and the stream.
+func (chatCodec) pathTarget(string) (string, bool, bool) { return "", false, false }
+
 var chatPrompt = promptShape{parts: [3]string{"messages", "tools"}, key: [2]string{"prompt_cache_key"}}
 
 // session: a chat request's session header is the hash of its history; the

@@ -23,6 +23,9 @@ func (messagesCodec) shape() *streamShape            { return &messagesShape }
 // prompt: metadata.user_id carries Claude Code's session.
 func (messagesCodec) prompt() *promptShape { return &messagesPrompt }
 
+// pathTarget: the body names the model and the stream.
+func (messagesCodec) pathTarget(string) (string, bool, bool) { return "", false, false }
+
 var messagesPrompt = promptShape{parts: [3]string{"system", "messages", "tools"}, key: [2]string{"metadata", "user_id"}}
 
 // sessionID: the hash of the conversation's history (the system prompt and

@@ -25,6 +25,9 @@ func (responsesCodec) shape() *streamShape            { return &responsesShape }
 // prompt: Codex sets prompt_cache_key to its session.
 func (responsesCodec) prompt() *promptShape { return &responsesPrompt }
 
+// pathTarget: the body names the model and the stream.
+func (responsesCodec) pathTarget(string) (string, bool, bool) { return "", false, false }
+
 var responsesPrompt = promptShape{parts: [3]string{"instructions", "input", "tools"}, key: [2]string{"prompt_cache_key"}}
 
 func (responsesCodec) writeError(w http.ResponseWriter, e apiError) { e.write(w) }

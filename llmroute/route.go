@@ -30,6 +30,7 @@ type routeTable struct {
 	// with none is absent.
 	apiRoutes       [numAPIs]map[string]*route
 	anthropicModels []byte // GET …/models with anthropic-version, pre-encoded
+	geminiModels    []byte // GET …/v1beta/models, pre-encoded
 	modelList       []string
 	modelsBody      []byte
 	created         int64
