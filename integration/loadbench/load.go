@@ -333,8 +333,8 @@ func (lr *loadRun) do(buf []byte, start time.Time) ([]byte, time.Duration, error
 		if n > 0 {
 			prev := len(buf)
 			buf = buf[:prev+n]
-			if first == 0 && streams(lr.sc.mode) &&
-				bytes.Contains(buf[max(prev-1, 0):], []byte("\n\n")) {
+			if first == 0 && streams(lr.sc.mode) && (bytes.Contains(buf[max(prev-1, 0):], []byte("\n\n")) ||
+				bytes.Contains(buf[max(prev-3, 0):], []byte("\r\n\r\n"))) { // Google's framing
 				first = time.Since(start)
 			}
 		}
