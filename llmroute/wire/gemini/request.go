@@ -410,8 +410,10 @@ func (w *msgWriter) system(v []byte) {
 	start := len(w.dst)
 	eachObject(parts, func(p []byte) {
 		kind, text := partKind(p)
-		if kind != kindText {
-			w.info.dropField("systemInstruction." + kindName(p))
+		if kind != kindText && kind != kindThought {
+			if n := kindName(p); n != "" {
+				w.info.dropField("systemInstruction." + n)
+			}
 			return
 		}
 		if len(w.dst) > start {
@@ -509,7 +511,8 @@ func partKind(p []byte) (kind int, text []byte) {
 
 // kindName names a part of a kind chat cannot carry by its first member
 // that is not thought, thoughtSignature or partMetadata (executableCode,
-// codeExecutionResult, videoMetadata …), for Info.DroppedFields.
+// codeExecutionResult, videoMetadata …), for Info.DroppedFields; "" for a
+// part with nothing else.
 func kindName(p []byte) string {
 	it := jsonscan.IterObject(p, 0, false)
 	var m jsonscan.Member
@@ -521,7 +524,7 @@ func kindName(p []byte) string {
 			return string(k)
 		}
 	}
-	return "part"
+	return "" // a bare signature: nothing was lost
 }
 
 // user writes one tool message per functionResponse part, then one user
@@ -554,7 +557,9 @@ func (w *msgWriter) user(ci int, parts []byte) *Error {
 				rest++
 			}
 		default:
-			w.info.dropField(kindName(p))
+			if n := kindName(p); n != "" {
+				w.info.dropField(n)
+			}
 		}
 	})
 	if err != nil || rest == 0 {
@@ -832,7 +837,9 @@ func (w *msgWriter) model(ci int, parts []byte) *Error {
 		case kindCall:
 			calls = true
 		default:
-			w.info.dropField(kindName(p))
+			if n := kindName(p); n != "" {
+				w.info.dropField(n)
+			}
 		}
 	})
 	field := w.opt.ReasoningField

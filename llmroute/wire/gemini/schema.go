@@ -45,9 +45,10 @@ func appendSchema(dst, v []byte) []byte {
 const maxSchemaDepth = 64
 
 // appendSchemaValue appends a schema (an object; booleans and anything else
-// are copied).
+// are copied). An object that needs no change is copied whole, white space
+// included.
 func appendSchemaValue(dst, v []byte, depth int) []byte {
-	if v[0] != '{' || depth > maxSchemaDepth {
+	if v[0] != '{' || depth > maxSchemaDepth || !schemaChanges(v, depth) {
 		return append(dst, v...)
 	}
 	// First pass: the type and nullable, which change together.
@@ -118,6 +119,50 @@ func appendSchemaValue(dst, v []byte, depth int) []byte {
 		}
 	}
 	return append(dst, '}')
+}
+
+// schemaChanges reports whether appendSchemaValue would change the schema
+// v (or one nested in it).
+func schemaChanges(v []byte, depth int) bool {
+	if v[0] != '{' || depth > maxSchemaDepth {
+		return false
+	}
+	changed := false
+	it := jsonscan.IterObject(v, 0, false)
+	var m jsonscan.Member
+	var tmp [32]byte
+	for it.Next(&m) && !changed {
+		val := v[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(v, &m, tmp[:])) {
+		case "nullable", "propertyOrdering", "property_ordering":
+			changed = true
+		case "type":
+			var lt [32]byte
+			l := lowerType(lt[:0], val)
+			changed = l == nil || string(l) != string(val)
+		case "properties", "$defs", "definitions", "patternProperties", "dependentSchemas":
+			if val[0] == '{' {
+				jsonscan.EachMember(val, 0, func(_ []byte, vs, ve int) bool {
+					changed = schemaChanges(val[vs:ve], depth+1)
+					return !changed
+				})
+			}
+		case "items", "additionalProperties", "not", "if", "then", "else", "contains",
+			"propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems",
+			"anyOf", "oneOf", "allOf", "prefixItems":
+			if val[0] == '[' {
+				jsonscan.EachElem(val, 0, func(vs, ve int) bool {
+					changed = schemaChanges(val[vs:ve], depth+1)
+					return !changed
+				})
+			} else {
+				changed = schemaChanges(val, depth+1)
+			}
+		case "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties":
+			changed = digits(val) != nil
+		}
+	}
+	return changed
 }
 
 // appendSchemaMap appends an object whose values are schemas.
