@@ -7,9 +7,11 @@ package integration
 // streamed and not, compared with a native Gemini upstream's.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"reflect"
@@ -816,7 +818,12 @@ func TestGeminiRecordedCLIRequests(t *testing.T) {
 
 	var answers []string
 	for i, q := range rec.Requests {
-		req, err := http.NewRequest(q.Method, p.URL+q.URL, strings.NewReader(string(q.Body)))
+		// The file is indented for reading; the CLI sends compact JSON.
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, q.Body); err != nil {
+			t.Fatal(err)
+		}
+		req, err := http.NewRequest(q.Method, p.URL+q.URL, &compact)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -944,7 +951,7 @@ func TestGeminiRecordedCLIRequests(t *testing.T) {
 	if contentText(a.Content) != "I will create the file." || len(a.ToolCalls) != 1 || a.ToolCalls[0].ID != id || a.ToolCalls[0].Function.Name != "write_file" ||
 		!sameJSON([]byte(a.ToolCalls[0].Function.Arguments), []byte(`{"file_path":"<workdir>/hello.txt","content":"HELLO-cc1aaa01"}`)) ||
 		tool.ToolCallID != id || contentText(tool.Content) != "<elided: 141 chars>" {
-		t.Errorf("turn 2 assistant %+v, tool %+v (want the id %s on both)", a, tool, id)
+		t.Errorf("turn 2 (want the id %s on the assistant's call and the tool message): %s", id, tail(string(calls[2].Body), 700))
 	}
 }
 
@@ -995,5 +1002,109 @@ func TestGeminiResumeTranslated(t *testing.T) {
 	}
 	if text.String() != resumeFull || strings.Count(raw, `"finishReason"`) != 1 {
 		t.Fatalf("raw resumed stream: text %q, %d finishReasons", text.String(), strings.Count(raw, `"finishReason"`))
+	}
+}
+
+// TestGeminiTranslatedErrors: what goes wrong on the translated path
+// reaches the SDK as Google's errors: the chat upstream's 400 as 400
+// INVALID_ARGUMENT with its message (streamed or not); a file a chat
+// upstream cannot take (a PDF) refused before any upstream is asked,
+// while an image goes up as an image_url data URL; a chat stream that
+// breaks after text (no continuation) or carries an error chunk ends
+// with an error event the SDK reports, after the text it had.
+func TestGeminiTranslatedErrors(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":{"message":"max_tokens is too large for this model","type":"invalid_request_error","code":"context_length"}}`)
+	})
+	p := startProxy(t, geminiConfig([]*fakeUpstream{up}, []bool{false}))
+	c := geminiClient(t, p, "k")
+	_, err := c.Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
+	e := expectSDKError(t, "upstream 400", err, 400, "INVALID_ARGUMENT")
+	if e.Message != "max_tokens is too large for this model" {
+		t.Fatalf("message %q", e.Message)
+	}
+	_, err = geminiStream(c, "m", "hi")
+	expectSDKError(t, "upstream 400, stream", err, 400, "INVALID_ARGUMENT")
+	n := len(up.Calls())
+
+	pdf := []*genai.Content{genai.NewContentFromParts([]*genai.Part{genai.NewPartFromText("summarize"), genai.NewPartFromBytes([]byte("%PDF-1.7"), "application/pdf")}, genai.RoleUser)}
+	_, err = c.Models.GenerateContent(context.Background(), "m", pdf, nil)
+	expectSDKError(t, "a PDF for a chat upstream", err, 400, "INVALID_ARGUMENT")
+	if len(up.Calls()) != n {
+		t.Fatal("a refused request reached the upstream")
+	}
+	up.setHandler(completion("a red dot"))
+	img := []*genai.Content{genai.NewContentFromParts([]*genai.Part{genai.NewPartFromText("what is it?"), genai.NewPartFromBytes([]byte("\x89PNG"), "image/png")}, genai.RoleUser)}
+	if res, err := c.Models.GenerateContent(context.Background(), "m", img, nil); err != nil || res.Text() != "a red dot" {
+		t.Fatalf("image: %+v %v", res, err)
+	}
+	calls := up.Calls()
+	req := decodeChatCall(t, calls[len(calls)-1])
+	want := `[{"type":"text","text":"what is it?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw=="}}]`
+	if len(req.Messages) != 1 || !sameJSON(req.Messages[0].Content, []byte(want)) {
+		t.Fatalf("image upstream body %s", calls[len(calls)-1].Body)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		send   http.HandlerFunc
+		code   int
+		status string
+	}{
+		{"reset", resetAfter([]string{"data: " + chunk(`{"role":"assistant","content":"half "}`, "") + "\n\n", "data: " + chunk(`{"content":"an answer "}`, "") + "\n\n"}), 503, "UNAVAILABLE"},
+		{"error chunk", func(w http.ResponseWriter, r *http.Request) {
+			writeStream(w, []string{"data: " + chunk(`{"role":"assistant","content":"half "}`, "") + "\n\n", "data: " + chunk(`{"content":"an answer "}`, "") + "\n\n",
+				`data: {"error":{"message":"the model crashed","type":"server_error","code":500}}` + "\n\n"}, 0)
+		}, 500, "INTERNAL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up.setHandler(tc.send)
+			chunks, err := geminiStream(c, "m", "hi")
+			if streamText(chunks) != "half an answer " {
+				t.Fatalf("text before the break %q (err %v)", streamText(chunks), err)
+			}
+			expectSDKError(t, tc.name, err, tc.code, tc.status)
+			resp := p.postGemini(t, "/v1beta/models/m:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"hi"}]}]}`)
+			raw, rerr := faultRead(resp)
+			evs := geminiSSE(t, raw)
+			if !strings.HasPrefix(evs[len(evs)-1], `{"error":`) || strings.Contains(raw, `"finishReason"`) {
+				t.Fatalf("events %q", evs)
+			}
+			// A break is aborted after the error event, so that no client
+			// takes the response for complete.
+			if tc.name == "reset" && rerr != io.ErrUnexpectedEOF {
+				t.Fatalf("read error %v after a break, want the response aborted", rerr)
+			}
+		})
+	}
+}
+
+// TestGeminiTranslatedLineSeparators: U+2028 and U+2029 in a chat answer
+// reach the client escaped (the Node SDK's event pattern stops at a raw
+// one), streamed and not, and the SDK reads the characters back.
+func TestGeminiTranslatedLineSeparators(t *testing.T) {
+	const text = "one\u2028two\u2029three"
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if !isStream(r) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"real-model","choices":[{"index":0,"message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}]}`, text)
+			return
+		}
+		writeStream(w, []string{"data: " + chunk(`{"role":"assistant","content":"`+text+`"}`, "") + "\n\n", "data: " + chunk(`{}`, "stop") + "\n\n", "data: [DONE]\n\n"}, 0)
+	})
+	p := startProxy(t, geminiConfig([]*fakeUpstream{up}, []bool{false}))
+	for _, path := range []string{"/v1beta/models/m:generateContent", "/v1beta/models/m:streamGenerateContent?alt=sse"} {
+		raw := readAll(t, p.postGemini(t, path, `{"contents":[{"parts":[{"text":"hi"}]}]}`))
+		if strings.ContainsAny(raw, "\u2028\u2029") || !strings.Contains(raw, `\u2028`) {
+			t.Fatalf("%s: %q", path, raw)
+		}
+	}
+	c := geminiClient(t, p, "k")
+	res, err := c.Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
+	chunks, serr := geminiStream(c, "m", "hi")
+	if err != nil || serr != nil || res.Text() != text || streamText(chunks) != text {
+		t.Fatalf("non-stream %q %v; stream %q %v", res.Text(), err, streamText(chunks), serr)
 	}
 }
