@@ -335,18 +335,24 @@ func TestGeminiNativeStream(t *testing.T) {
 }
 
 // TestGeminiStreamNoHeartbeat: the Google SDKs fail on an SSE comment
-// line, so a Gemini stream gets no keepalive even when heartbeats are on
-// and the upstream pauses for several heartbeat periods.
+// line, so a Gemini stream, native or translated, gets no keepalive even
+// when heartbeats are on and the upstream pauses for several heartbeat
+// periods.
 func TestGeminiStreamNoHeartbeat(t *testing.T) {
 	up := newUpstream(t, nativeGeminiStream("slow but whole", func(w http.ResponseWriter, _ *http.Request, evs []string) {
 		writeStream(w, evs, 700*time.Millisecond)
 	}))
-	cfg := geminiConfig([]*fakeUpstream{up}, []bool{true})
+	chatUp := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		writeStream(w, sseChunks("slow chat"), 500*time.Millisecond)
+	})
+	cfg := withModel(geminiConfig([]*fakeUpstream{up, chatUp}, []bool{true, false}), "m", "u1", "t", "u2")
 	cfg["heartbeat_interval"] = "100ms"
 	p := startProxy(t, cfg)
-	chunks, err := geminiStream(geminiClient(t, p, "k"), "m", "hi")
-	if err != nil || streamText(chunks) != "slow but whole" {
-		t.Fatalf("stream: %q, %v", streamText(chunks), err)
+	for _, tc := range []struct{ model, want string }{{"t", "slow chat"}, {"m", "slow but whole"}} {
+		chunks, err := geminiStream(geminiClient(t, p, "k"), tc.model, "hi")
+		if err != nil || streamText(chunks) != tc.want {
+			t.Fatalf("%s: stream %q, %v", tc.model, streamText(chunks), err)
+		}
 	}
 	resp := p.postGemini(t, "/v1beta/models/m:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"hi"}]}]}`)
 	if raw := readAll(t, resp); raw != strings.Join(geminiEvents("slow but whole"), "") {
@@ -772,5 +778,43 @@ func TestGeminiProbe(t *testing.T) {
 	res, err := c.Models.GenerateContent(context.Background(), "m", genai.Text("hi"), nil)
 	if err != nil || res.Text() != "4" {
 		t.Fatalf("after the probe: %+v %v", res, err)
+	}
+}
+
+// TestGeminiResume: a translated Gemini stream whose chat upstream breaks
+// mid-answer is continued on the next one (resume on): the SDK reads the
+// whole text and one finishReason, no error; the continuation is a chat
+// stream ending in the delivered text.
+func TestGeminiResume(t *testing.T) {
+	a := newUpstream(t, faultChunkedCut(firstEvents(40)))
+	b := newUpstream(t, deterministic(resumeB, false, 1))
+	p := startProxy(t, resumeConfig(a, b, "30s"))
+	ok0 := p.resumes("ok")
+	chunks, err := geminiStream(geminiClient(t, p, "k"), "m", "count")
+	if err != nil || streamText(chunks) != resumeFull {
+		t.Fatalf("stream %q: %v", streamText(chunks), err)
+	}
+	finishes := 0
+	for _, c := range chunks {
+		if len(c.Candidates) > 0 && c.Candidates[0].FinishReason != "" {
+			finishes++
+		}
+	}
+	if finishes != 1 || chunks[len(chunks)-1].Candidates[0].FinishReason != genai.FinishReasonStop {
+		t.Fatalf("%d finish reasons", finishes)
+	}
+	if d := p.resumes("ok") - ok0; d != 1 {
+		t.Errorf("resumes ok counted %v, want 1", d)
+	}
+	calls := b.Calls()
+	var chat struct{ Stream bool }
+	if len(calls) != 1 {
+		t.Fatalf("second upstream: %d calls, want 1", len(calls))
+	}
+	if calls[0].Path != "/v1/chat/completions" || json.Unmarshal(calls[0].Body, &chat) != nil || !chat.Stream {
+		t.Fatalf("second upstream: a call at %s: %s", calls[0].Path, calls[0].Body)
+	}
+	if prefix, ok := lastAssistant(calls[0].Body); !ok || prefix != strings.Join(resumeTokens[:40], "") {
+		t.Errorf("prefill = %q (%v)", prefix, ok)
 	}
 }

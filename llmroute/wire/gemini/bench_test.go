@@ -64,11 +64,12 @@ func BenchmarkStreamToolCall(b *testing.B) {
 	up := []byte(toolStream)
 	var n int
 	emit := func(ev []byte) error { n += len(ev); return nil }
-	s := NewStream(&Info{}, emit)
+	info := &Info{}
+	s := NewStream(info, emit)
 	b.SetBytes(int64(len(up)))
 	b.ReportAllocs()
 	for b.Loop() {
-		s.Reset(&Info{}, emit)
+		s.Reset(info, emit)
 		s.Write(up)
 		if err := s.Close(); err != nil {
 			b.Fatal(err)
