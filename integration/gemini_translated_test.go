@@ -955,20 +955,39 @@ func TestGeminiRecordedCLIRequests(t *testing.T) {
 	}
 }
 
-// TestGeminiResumeTranslated: a translated Gemini stream whose chat
-// upstream breaks after 40 of 60 tokens is continued on a second upstream
-// (resume on, heartbeats on): the SDK reads one stream without error —
-// the whole text, one finishReason, on the last chunk — the wire stays
-// Google's framing (no keepalive comment), and the continuation carried
-// the delivered text as prefill.
-func TestGeminiResumeTranslated(t *testing.T) {
-	a := newUpstream(t, faultChunkedCut(firstEvents(40)))
-	b := newUpstream(t, deterministic(resumeB, false, 1))
+// TestGeminiResumeThoughtsKept: a translated Gemini stream that asked for
+// thoughts breaks after its reasoning and 20 of 60 tokens; the second
+// upstream continues it (resume on, heartbeats on). The SDK reads one
+// stream without error: the thought it had, then the whole text, one
+// finishReason on the last chunk, with the continuation's usage; on the
+// wire it stays Google's framing, with no keepalive comment and nothing of
+// the chat stream leaking through. (TestGeminiResume covers the plain
+// text case.)
+func TestGeminiResumeThoughtsKept(t *testing.T) {
+	reasoned := append([]string{resumeA.chunk(`{"role":"assistant","reasoning_content":"think "}`, ""), resumeA.chunk(`{"reasoning_content":"hard"}`, "")},
+		firstEvents(20)[1:]...)
+	a := newUpstream(t, faultChunkedCut(reasoned))
+	// The continuation takes several heartbeat periods to start, as a
+	// prefill does: no keepalive may fill the pause.
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(400 * time.Millisecond)
+		deterministic(resumeB, false, 1)(w, r)
+	})
 	p := startProxy(t, resumeConfig(a, b, "30s"))
 	ok0 := p.resumes("ok")
-	chunks, err := geminiStream(geminiClient(t, p, "k"), "m", "count")
-	if err != nil {
-		t.Fatalf("stream: %v (after %d chunks, text %q)", err, len(chunks), tail(streamText(chunks), 100))
+	body := `{"contents":[{"role":"user","parts":[{"text":"count"}]}],"generationConfig":{"thinkingConfig":{"includeThoughts":true}}}`
+	resp := p.postGemini(t, "/v1beta/models/m:streamGenerateContent?alt=sse", body)
+	raw, rerr := faultRead(resp)
+	if rerr != nil || resp.StatusCode != 200 {
+		t.Fatalf("status %d, read error %v; stream %q", resp.StatusCode, rerr, tail(raw, 300))
+	}
+	var chunks []*genai.GenerateContentResponse
+	for _, ev := range geminiSSE(t, raw) {
+		var ch genai.GenerateContentResponse
+		if err := json.Unmarshal([]byte(ev), &ch); err != nil {
+			t.Fatal(err)
+		}
+		chunks = append(chunks, &ch)
 	}
 	finishes := 0
 	for _, ch := range chunks {
@@ -976,9 +995,19 @@ func TestGeminiResumeTranslated(t *testing.T) {
 			finishes++
 		}
 	}
+	acc := accumulateGemini(chunks)
+	parts := acc.Candidates[0].Content.Parts
 	last := chunks[len(chunks)-1]
-	if streamText(chunks) != resumeFull || finishes != 1 || last.Candidates[0].FinishReason != genai.FinishReasonStop {
-		t.Fatalf("text %q\n%d finishReasons, last chunk's %q", streamText(chunks), finishes, last.Candidates[0].FinishReason)
+	if finishes != 1 || last.Candidates[0].FinishReason != genai.FinishReasonStop || len(parts) != 2 ||
+		!parts[0].Thought || parts[0].Text != "think hard" || parts[1].Thought || parts[1].Text != resumeFull {
+		b, _ := json.Marshal(acc)
+		t.Fatalf("%d finishReasons; accumulated %s", finishes, b)
+	}
+	if last.UsageMetadata == nil || last.UsageMetadata.CandidatesTokenCount != 40 {
+		t.Errorf("usage %+v, want the continuation's 40 output tokens", last.UsageMetadata)
+	}
+	if strings.Contains(raw, "chat.completion") || strings.Contains(raw, "[DONE]") {
+		t.Errorf("chat bytes leaked into the Gemini stream: %q", tail(raw, 300))
 	}
 	if d := p.resumes("ok") - ok0; d != 1 {
 		t.Errorf("resumes ok counted %v, want 1", d)
@@ -987,22 +1016,7 @@ func TestGeminiResumeTranslated(t *testing.T) {
 	if len(calls) != 1 || calls[0].Path != "/v1/chat/completions" {
 		t.Fatalf("second upstream calls %+v", calls)
 	}
-	wantPrefill(t, calls[0], 40)
-
-	resp := p.postGemini(t, "/v1beta/models/m:streamGenerateContent?alt=sse", `{"contents":[{"role":"user","parts":[{"text":"count"}]}]}`)
-	raw := readAll(t, resp)
-	evs := geminiSSE(t, raw)
-	var text strings.Builder
-	for _, ev := range evs {
-		var ch genai.GenerateContentResponse
-		if err := json.Unmarshal([]byte(ev), &ch); err != nil {
-			t.Fatal(err)
-		}
-		text.WriteString(ch.Text())
-	}
-	if text.String() != resumeFull || strings.Count(raw, `"finishReason"`) != 1 {
-		t.Fatalf("raw resumed stream: text %q, %d finishReasons", text.String(), strings.Count(raw, `"finishReason"`))
-	}
+	wantPrefill(t, calls[0], 20)
 }
 
 // TestGeminiTranslatedErrors: what goes wrong on the translated path
