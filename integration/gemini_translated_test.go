@@ -1093,6 +1093,7 @@ func TestGeminiTranslatedErrors(t *testing.T) {
 			}
 		})
 	}
+	eventually(t, 5*time.Second, "every slot released", func() bool { return p.upstreamGauge("inflight", "u1", "p1") == 0 })
 }
 
 // TestGeminiTranslatedLineSeparators: U+2028 and U+2029 in a chat answer
@@ -1120,5 +1121,48 @@ func TestGeminiTranslatedLineSeparators(t *testing.T) {
 	chunks, serr := geminiStream(c, "m", "hi")
 	if err != nil || serr != nil || res.Text() != text || streamText(chunks) != text {
 		t.Fatalf("non-stream %q %v; stream %q %v", res.Text(), err, streamText(chunks), serr)
+	}
+}
+
+// TestGeminiHistoryWithoutIDs: a history whose calls and results carry no
+// ids (a client that kept none, as older Gemini models sent none) still
+// pairs up for the chat upstream: each call gets call_<content>_<part>,
+// and each result takes the id of the earliest unanswered call of its
+// name, so two calls of one function are answered in order; the ids are
+// the same bytes every turn.
+func TestGeminiHistoryWithoutIDs(t *testing.T) {
+	up := newUpstream(t, completion("Paris is sunny, Rome is cloudy."))
+	p := startProxy(t, geminiConfig([]*fakeUpstream{up}, []bool{false}))
+	c := geminiClient(t, p, "k")
+	history := []*genai.Content{
+		genai.NewContentFromText("weather in Paris and Rome?", genai.RoleUser),
+		genai.NewContentFromParts([]*genai.Part{
+			genai.NewPartFromFunctionCall("get_weather", map[string]any{"city": "Paris"}),
+			genai.NewPartFromFunctionCall("get_weather", map[string]any{"city": "Rome"}),
+		}, genai.RoleModel),
+		genai.NewContentFromParts([]*genai.Part{
+			genai.NewPartFromFunctionResponse("get_weather", map[string]any{"output": "sunny"}),
+			genai.NewPartFromFunctionResponse("get_weather", map[string]any{"output": "cloudy"}),
+		}, genai.RoleUser),
+	}
+	for range 2 {
+		if res, err := c.Models.GenerateContent(context.Background(), "m", history, nil); err != nil || res.Text() == "" {
+			t.Fatalf("answer %+v %v", res, err)
+		}
+	}
+	calls := up.Calls()
+	if string(calls[0].Body) != string(calls[1].Body) {
+		t.Fatalf("the same history gave different bodies:\n%s\n%s", calls[0].Body, calls[1].Body)
+	}
+	req := decodeChatCall(t, calls[0])
+	if !reflect.DeepEqual(req.roles(), []string{"user", "assistant", "tool", "tool"}) {
+		t.Fatalf("roles %v: %s", req.roles(), calls[0].Body)
+	}
+	a := req.Messages[1]
+	if len(a.ToolCalls) != 2 || a.ToolCalls[0].ID == "" || a.ToolCalls[0].ID == a.ToolCalls[1].ID ||
+		!sameJSON([]byte(a.ToolCalls[0].Function.Arguments), []byte(`{"city":"Paris"}`)) ||
+		req.Messages[2].ToolCallID != a.ToolCalls[0].ID || contentText(req.Messages[2].Content) != "sunny" ||
+		req.Messages[3].ToolCallID != a.ToolCalls[1].ID || contentText(req.Messages[3].Content) != "cloudy" {
+		t.Fatalf("calls and results not paired in order: %s", calls[0].Body)
 	}
 }
