@@ -951,7 +951,8 @@ func TestGeminiRecordedCLIRequests(t *testing.T) {
 	if contentText(a.Content) != "I will create the file." || len(a.ToolCalls) != 1 || a.ToolCalls[0].ID != id || a.ToolCalls[0].Function.Name != "write_file" ||
 		!sameJSON([]byte(a.ToolCalls[0].Function.Arguments), []byte(`{"file_path":"<workdir>/hello.txt","content":"HELLO-cc1aaa01"}`)) ||
 		tool.ToolCallID != id || contentText(tool.Content) != "<elided: 141 chars>" {
-		t.Errorf("turn 2 (want the id %s on the assistant's call and the tool message): %s", id, tail(string(calls[2].Body), 700))
+		m, _ := json.Marshal(r.Messages[2:])
+		t.Errorf("turn 2 (want the id %s on the assistant's call and the tool message): %s", id, m)
 	}
 }
 
