@@ -118,9 +118,12 @@ func TestShadowFraction(t *testing.T) {
 			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, b)
 		}
 	}
-	eventually(t, 10*time.Second, "100 shadow copies counted", func() bool { return s.shadowTotal() >= 100 })
-	if got := s.shadowCount("ok"); got != 100 {
-		t.Errorf(`shadow result="ok" = %v, want 100 (total %v)`, got, s.shadowTotal())
+	// The copies end on their own goroutines: wait for the hundredth.
+	for end := time.Now().Add(10 * time.Second); s.shadowTotal() < 100 && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, total := s.shadowCount("ok"), s.shadowTotal(); got != 100 || total != 100 {
+		t.Errorf(`%v shadow copies counted (%v with result="ok"), want exactly 100 of 400`, total, got)
 	}
 	if got := len(s.ups["m-cand"].Calls()); got != 100 {
 		t.Errorf("the shadow model's upstream got %d requests, want exactly 100 of 400", got)
@@ -184,9 +187,9 @@ func TestShadowAnswerUnchanged(t *testing.T) {
 // the rest are dropped, and counted.
 func TestShadowNeverDelays(t *testing.T) {
 	g := newGate()
-	t.Cleanup(g.open)
 	s := startShadow(t, []shadowModel{{name: "m-main"}, {name: "m-cand", behave: g.handler(completion("late"))}},
-		[]map[string]any{shadowRule(1)}, "request_timeout", "60s")
+		[]map[string]any{shadowRule(1)}, "request_timeout", "20s")
+	t.Cleanup(g.open) // first: nothing is left waiting at the upstream
 	for i := 0; i < 20; i++ {
 		stream := i < 2
 		resp := s.p.chat(chatBody("auto", stream))
@@ -438,11 +441,11 @@ func TestShadowComparedLog(t *testing.T) {
 // sees the request go away.
 func TestShadowCancelledOnReload(t *testing.T) {
 	g := newGate()
-	t.Cleanup(g.open)
 	s := &shadowSetup{ups: map[string]*fakeUpstream{}}
 	models := []shadowModel{{name: "m-main"}, {name: "m-cand", behave: g.handler(completion("late"))}}
 	conf := s.shadowConfig(t, models, []map[string]any{shadowRule(1)})
 	s.p = startProxy(t, conf)
+	t.Cleanup(g.open) // first: nothing is left waiting at the upstream
 	resp := s.p.chat(chatBody("auto", false))
 	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d: %s", resp.StatusCode, b)
