@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -382,6 +383,8 @@ func TestShadowComparedLog(t *testing.T) {
 	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d: %s", resp.StatusCode, b)
 	}
+	// The line is written when the later of the two answers ends.
+	eventually(t, 10*time.Second, "a comparison line", func() bool { return len(s.p.logEntries("shadow compared")) >= 1 })
 	eventually(t, 10*time.Second, "the copy counted", func() bool { return s.shadowCount("ok") == 1 })
 	lines := s.p.logEntries("shadow compared")
 	if len(lines) != 1 {
@@ -421,6 +424,7 @@ func TestShadowComparedLog(t *testing.T) {
 	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d: %s", resp.StatusCode, b)
 	}
+	eventually(t, 10*time.Second, "a second line", func() bool { return len(s.p.logEntries("shadow compared")) >= 2 })
 	eventually(t, 10*time.Second, "the failed copy counted", func() bool { return s.shadowCount("5xx") == 1 })
 	lines = s.p.logEntries("shadow compared")
 	if len(lines) != 2 {
@@ -433,12 +437,56 @@ func TestShadowComparedLog(t *testing.T) {
 			t.Errorf("failed copy: %s = %v, want %v", k, e[k], v)
 		}
 	}
+
+	// The client's stream cut after it started (the response is
+	// aborted): its answer is "interrupted".
+	s.ups["m-cand"].setHandler(answerWith("SHADOW-ANSWER-TEXT", 7, 9))
+	s.ups["m-main"].setHandler(resetAfter(sseChunks("one two three")[:2]))
+	resp, err := s.p.post(context.Background(), chatBody("auto", true))
+	if err == nil {
+		_, _ = io.ReadAll(resp.Body) // cut: an error is expected
+		resp.Body.Close()
+	}
+	eventually(t, 10*time.Second, "a third line", func() bool { return len(s.p.logEntries("shadow compared")) >= 3 })
+	lines = s.p.logEntries("shadow compared")
+	if len(lines) != 3 {
+		t.Fatalf("%d shadow compared lines, want 3", len(lines))
+	}
+	e = lines[2]
+	for k, v := range map[string]any{"main_result": "interrupted", "main_status": 0.0, "shadow_result": "ok",
+		"shadow_status": 200.0, "same_status": false} {
+		if e[k] != v {
+			t.Errorf("cut client stream: %s = %v, want %v", k, e[k], v)
+		}
+	}
+}
+
+// TestShadowSkipped: a request the shadow model cannot take (here, larger
+// than its upstream's context window) is not copied, and counted skipped;
+// the client is served.
+func TestShadowSkipped(t *testing.T) {
+	s := startShadow(t, []shadowModel{{name: "m-main"}, {name: "m-cand", upstream: obj("context_window", 100)}},
+		[]map[string]any{shadowRule(1)})
+	resp := s.p.chat(`{"model":"auto","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`)
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	eventually(t, 10*time.Second, "the copy counted", func() bool { return s.shadowTotal() >= 1 })
+	if got := s.shadowCount("skipped"); got != 1 {
+		t.Errorf(`shadow result="skipped" = %v, want 1`, got)
+	}
+	if got := len(s.ups["m-cand"].Calls()); got != 0 {
+		t.Errorf("the shadow upstream got %d requests, want 0", got)
+	}
+	if n := len(s.p.logEntries("shadow compared")); n != 0 {
+		t.Errorf("%d comparison lines for a copy never sent, want 0", n)
+	}
 }
 
 // TestShadowCancelledOnReload: a reload cancels a copy still waiting for
 // its answer; the old handler waits for it, so when the reload returns the
-// copy has ended (counted and logged as cancelled) and the shadow upstream
-// sees the request go away.
+// copy has ended (counted as cancelled, and logged) and the shadow
+// upstream sees the request go away.
 func TestShadowCancelledOnReload(t *testing.T) {
 	g := newGate()
 	s := &shadowSetup{ups: map[string]*fakeUpstream{}}
@@ -458,9 +506,29 @@ func TestShadowCancelledOnReload(t *testing.T) {
 	if got := s.shadowCount("cancelled"); got != 1 {
 		t.Errorf(`right after the reload, shadow result="cancelled" = %v, want 1: the old handler left its copy running`, got)
 	}
+	eventually(t, 5*time.Second, "the comparison line", func() bool { return len(s.p.logEntries("shadow compared")) >= 1 })
 	lines := s.p.logEntries("shadow compared")
 	if len(lines) != 1 || lines[0]["shadow_result"] != "cancelled" || lines[0]["main_result"] != "ok" {
 		t.Errorf("comparison lines after the reload: %v, want one with shadow_result cancelled", lines)
 	}
 	eventually(t, 5*time.Second, "the shadow upstream's request gone", func() bool { return s.ups["m-cand"].inflight.Load() == 0 })
+}
+
+// TestShadowSeriesFollowTheLoadedConfig: a shadow model's series exist at 0
+// from the start, one per result, and go when a reload removes the shadow.
+func TestShadowSeriesFollowTheLoadedConfig(t *testing.T) {
+	s := &shadowSetup{ups: map[string]*fakeUpstream{}}
+	models := []shadowModel{{name: "m-main"}, {name: "m-cand"}}
+	s.p = startProxy(t, s.shadowConfig(t, models, []map[string]any{shadowRule(0.5)}))
+	text := scrape(t, s.p)
+	if got := len(seriesLines(text, "llm_proxy_shadow_requests_total{")); got != 12 {
+		t.Errorf("%d shadow series at the start, want 12 (one per result):\n%s", got, strings.Join(seriesLines(text, "shadow_requests"), "\n"))
+	}
+	if _, ok := s.p.metricValue(`llm_proxy_shadow_requests_total{model="m-cand",result="busy"}`); !ok {
+		t.Errorf("the busy series of m-cand is missing before any request")
+	}
+	s.p.load(s.shadowConfig(t, models, []map[string]any{obj("name", "all", "use", []string{"m-main"})}))
+	if stale := seriesLines(scrape(t, s.p), "llm_proxy_shadow_requests_total{"); len(stale) > 0 {
+		t.Errorf("series of a removed shadow remain:\n%s", strings.Join(stale, "\n"))
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,12 +64,12 @@ const (
 // Results of a shadow copy that was not sent (label `result` of
 // llm_proxy_shadow_requests_total, beside the attempt results).
 const (
-	resultBusy    = "busy"    // no slot free at once, or a client was waiting
-	resultDropped = "dropped" // shadowMax copies were running already
-	resultSkipped = "skipped" // the shadow model cannot take this request (API, size, duplicate key)
+	shadowBusy    = "busy"    // no slot free at once (or every upstream cooling), or a client was waiting
+	shadowDropped = "dropped" // shadowMax copies were running already
+	shadowSkipped = "skipped" // the shadow model cannot take this request (API, size, duplicate key)
 )
 
-var shadowResults = append(slices.Clone(allResults), resultBusy, resultDropped, resultSkipped)
+var shadowResults = append(slices.Clone(allResults), shadowBusy, shadowDropped, shadowSkipped)
 
 // shadowSpec is one rule's shadow, compiled.
 type shadowSpec struct {
@@ -105,49 +106,80 @@ func (sp *shadowSpec) take() bool {
 	return math.Floor(k*sp.fraction) > math.Floor((k-1)*sp.fraction)
 }
 
-// shadowRun is one shadow copy on its way. The client's request goroutine
-// reports its own answer into main (mainAnswer, mainRefused) and hands it
-// over when serveFront returns (mainEnded); the copy's goroutine reads it
-// only from done, so the two never share a field unsynchronised.
+// shadowRun is one shadow copy on its way, and the meeting point of the
+// two answers. The client's request goroutine notes its answer in main
+// (mainAnswer, mainRefused) and hands it over when serveFront returns
+// (mainEnded); the copy's goroutine hands over its own when it ends
+// (shadowEnded). Whichever of the two comes second has the comparison line
+// written, so neither waits for the other: a copy does not hold its
+// concurrency token for the length of the client's answer, and the client
+// never waits for the copy (nor for the line).
 type shadowRun struct {
-	main answerSummary
-	done chan answerSummary // capacity 1: mainEnded never blocks
+	c    *shadowCopy  // what the line says of the request (read only)
+	main shadowAnswer // the request goroutine's own, until mainEnded
+
+	mu    sync.Mutex
+	sums  [2]shadowAnswer // the client's, the copy's
+	ended [2]bool
 }
 
-// answerSummary is what the comparison line says of one answer.
-type answerSummary struct {
+// shadowAnswer is what the comparison line says of one answer.
+type shadowAnswer struct {
 	model, upstream, result string
 	status                  int
 	usage                   transform.Usage
 	end, firstByte          time.Time // zero firstByte: no body byte
-	known                   bool      // false: the client's answer was never reported
+	final                   bool      // the client's: an answer, not a failover
+	sent                    bool      // the copy's: it went upstream (else no line)
 }
 
 // mainAnswer notes the client's attempt that just ended (the last one
 // noted is the answer the client got).
 func (sr *shadowRun) mainAnswer(t *target, res *attemptResult) {
-	sr.main = answerSummary{model: t.model, upstream: t.up.ID, result: res.result, status: res.status,
-		usage: res.usage, end: time.Now(), firstByte: res.firstByte, known: res.out != outFailover}
+	sr.main = shadowAnswer{model: t.model, upstream: t.up.ID, result: res.result, status: res.status,
+		usage: res.usage, end: time.Now(), firstByte: res.firstByte, final: res.out != outFailover}
 }
 
 // mainRefused notes that the client got the proxy's own refusal after its
 // attempts (every upstream failed, or its key's budget stopped a failover).
 func (sr *shadowRun) mainRefused(e apiError) {
-	sr.main.result, sr.main.status, sr.main.end, sr.main.known = e.code, e.status, time.Now(), true
+	sr.main.result, sr.main.status, sr.main.end, sr.main.final = e.code, e.status, time.Now(), true
 	sr.main.usage, sr.main.firstByte = transform.Usage{}, time.Time{}
 }
 
-// mainEnded hands the client's answer to the shadow's goroutine; deferred
-// by serveFront, so it also runs when an attempt aborted a broken answer
-// (then nothing final was noted, and the line says "interrupted").
+// mainEnded hands the client's answer over; deferred by serveFront, so it
+// also runs when an attempt aborted a broken answer (then nothing final
+// was noted, and the line says "interrupted").
 func (sr *shadowRun) mainEnded() {
 	m := sr.main
-	if !m.known {
-		m.result, m.status, m.end, m.known = "interrupted", 0, time.Now(), true
+	if !m.final {
+		// An attempt panicked: the client's answer was cut after it started.
+		m = shadowAnswer{result: "interrupted", end: time.Now(), final: true}
 	}
-	select {
-	case sr.done <- m:
+	sr.handOver(0, m)
+}
+
+// shadowEnded hands the copy's answer over (a copy not sent: no line).
+func (sr *shadowRun) shadowEnded(a shadowAnswer) { sr.handOver(1, a) }
+
+// handOver records one side's answer; the second to come writes the line.
+func (sr *shadowRun) handOver(side int, a shadowAnswer) {
+	sr.mu.Lock()
+	if sr.ended[side] {
+		sr.mu.Unlock()
+		return
+	}
+	sr.sums[side], sr.ended[side] = a, true
+	both := sr.ended[0] && sr.ended[1]
+	sr.mu.Unlock()
+	switch {
+	case !both || !sr.sums[1].sent:
+	case side == 0:
+		// Not on the client's goroutine: its answer may still be in the
+		// server's buffer, going out when serveFront returns.
+		go sr.c.logCompared(sr.sums[0], sr.sums[1])
 	default:
+		sr.c.logCompared(sr.sums[0], sr.sums[1])
 	}
 }
 
@@ -178,7 +210,7 @@ func (h *Handler) startShadow(w http.ResponseWriter, r *http.Request, fr *frontR
 	select {
 	case h.shadowSem <- struct{}{}:
 	default:
-		sp.counters[resultDropped].Inc()
+		sp.counters[shadowDropped].Inc()
 		return nil
 	}
 	deadline := h.requestTimeout
@@ -189,11 +221,11 @@ func (h *Handler) startShadow(w http.ResponseWriter, r *http.Request, fr *frontR
 	// and must not touch its placeholders or log fields.
 	ctx, cancel := context.WithTimeout(context.WithValue(base, caddy.ReplacerCtxKey, caddy.NewReplacer()), deadline)
 	c := &shadowCopy{h: h, sp: sp, r: r.Clone(ctx), ctx: ctx, cancel: cancel, body: bytes.Clone(body), dups: dups,
-		deadline: deadline, start: time.Now(), requestID: w.Header().Get(hdrRequestID),
+		start: time.Now(), requestID: w.Header().Get(hdrRequestID),
 		router: router, rule: fr.rule.name, effort: effortHeaders[fr.effort][fr.effortSrc],
-		fr:  frontReq{f: fr.f, codec: fr.codec, api: fr.api, stream: fr.stream, session: fr.session},
-		run: &shadowRun{done: make(chan answerSummary, 1)}}
+		fr: frontReq{f: fr.f, codec: fr.codec, api: fr.api, stream: fr.stream, session: fr.session}}
 	c.fr.arrival = c.start
+	c.run = &shadowRun{c: c}
 	go c.send()
 	return c.run
 }
@@ -210,7 +242,6 @@ type shadowCopy struct {
 	fr     frontReq
 	run    *shadowRun
 
-	deadline  time.Duration
 	start     time.Time // the client's admission: both latencies count from it
 	requestID string
 	router    string // the router model
@@ -219,9 +250,9 @@ type shadowCopy struct {
 }
 
 // send runs on the copy's own goroutine: it picks a free slot, sends the
-// copy once, discards the answer, then logs the comparison and counts the
-// result. A panic is logged and ends the copy; the slot and the
-// concurrency token are released on every path.
+// copy once, discards the answer, hands its summary over (the comparison
+// line) and counts the result. A panic is logged and ends the copy; the
+// slot and the concurrency token are released on every path.
 func (c *shadowCopy) send() {
 	defer func() { <-c.h.shadowSem }()
 	defer c.cancel()
@@ -231,16 +262,16 @@ func (c *shadowCopy) send() {
 		}
 	}()
 	rt, result := c.route()
-	if rt == nil {
-		c.sp.counters[result].Inc()
-		return
-	}
 	idx, ok := -1, false
-	if sched.waiting.Load() == 0 { // a waiting client gets every slot that frees
-		idx, ok = claimFrom(rt, nil, -1, time.Now(), nopLogger)
+	if rt != nil {
+		result = shadowBusy
+		if sched.waiting.Load() == 0 { // a waiting client gets every slot that frees
+			idx, ok = claimFrom(rt, nil, -1, time.Now(), nopLogger)
+		}
 	}
 	if !ok {
-		c.sp.counters[resultBusy].Inc()
+		c.run.shadowEnded(shadowAnswer{})
+		c.sp.counters[result].Inc()
 		return
 	}
 	t := &rt.targets[idx]
@@ -255,10 +286,8 @@ func (c *shadowCopy) send() {
 			}
 		}
 	}
-	shadow := answerSummary{model: c.sp.model, upstream: t.up.ID, result: res.result, status: res.status,
-		usage: res.usage, end: time.Now(), firstByte: res.firstByte, known: true}
-	c.logCompared(c.awaitMain(), shadow)
-	// Counted after the line is written: a count seen means its line is out.
+	c.run.shadowEnded(shadowAnswer{model: c.sp.model, upstream: t.up.ID, result: res.result, status: res.status,
+		usage: res.usage, end: time.Now(), firstByte: res.firstByte, sent: true})
 	if ctr := c.sp.counters[res.result]; ctr != nil {
 		ctr.Inc()
 	}
@@ -273,11 +302,11 @@ func (c *shadowCopy) route() (*route, string) {
 	}
 	rt := c.sp.routes[c.fr.api]
 	if rt == nil || c.dups&rt.dupKeys != 0 {
-		return nil, resultSkipped
+		return nil, shadowSkipped
 	}
 	if rt.sized() {
 		if rt = rt.fitting(estimateTokens(c.body)); rt == nil {
-			return nil, resultSkipped
+			return nil, shadowSkipped
 		}
 	}
 	return rt, ""
@@ -296,31 +325,11 @@ func (c *shadowCopy) exchange(t *target) (res attemptResult) {
 		u.release()
 	}()
 	ex := &exchange{call: call{h: c.h, u: u, r: c.r, log: nopLogger, stream: c.fr.stream, firstByte: u.firstByte},
-		w: &discardWriter{hdr: make(http.Header)}, t: t, fr: c.fr}
+		w: &shadowWriter{hdr: make(http.Header)}, t: t, fr: c.fr}
 	defer ex.out.clearDeadline()
 	res = ex.run(c.body)
 	res.usage, res.firstByte = ex.out.usage.Usage, ex.out.firstWrite
 	return res
-}
-
-// awaitMain waits for the client's answer, which has usually ended
-// already; a copy cancelled by a reload, or a client answer that outlasts
-// the copy's deadline, is logged without it.
-func (c *shadowCopy) awaitMain() answerSummary {
-	select {
-	case m := <-c.run.done:
-		return m
-	default:
-	}
-	wait := time.NewTimer(c.deadline)
-	defer wait.Stop()
-	select {
-	case m := <-c.run.done:
-		return m
-	case <-c.h.shadowBase().Done():
-	case <-wait.C:
-	}
-	return answerSummary{}
 }
 
 // logCompared writes the one "shadow compared" line (INFO) of a copy that
@@ -331,17 +340,17 @@ func (c *shadowCopy) awaitMain() answerSummary {
 //   - for the client's answer (main_*) and the copy's (shadow_*): model
 //     (the used model of the chain; the shadow model), upstream, status
 //     (HTTP status; 0 when none came), result (an attempt result; for the
-//     client also the proxy's own refusal code, "interrupted" when its
-//     answer was cut after it started, "unknown" when it had not ended by
-//     the time the copy was given up), input_tokens and output_tokens (as
+//     client also the proxy's own refusal code, or "interrupted" when its
+//     answer was cut after it started), input_tokens and output_tokens (as
 //     the upstream reported them), latency (to the answer's end) and ttft
 //     (to its first body byte; 0 when none). Both answers' times count
 //     from the same instant, the client's admission, so the client's queue
 //     wait is in neither and they compare directly;
 //   - same_status: both statuses are equal.
 //
-// Never a body: the prompt and both answers stay out of the log.
-func (c *shadowCopy) logCompared(main, shadow answerSummary) {
+// Never a body: the prompt and both answers stay out of the log. It is
+// written when the later of the two answers ends.
+func (c *shadowCopy) logCompared(main, shadow shadowAnswer) {
 	ce := c.h.logger.Check(zapcore.InfoLevel, "shadow compared")
 	if ce == nil {
 		return
@@ -349,18 +358,14 @@ func (c *shadowCopy) logCompared(main, shadow answerSummary) {
 	fields := make([]zap.Field, 0, 24)
 	fields = append(fields, zap.String("model", c.router), zap.String("rule", c.rule), zap.String("effort", c.effort),
 		optionalString("request_id", c.requestID))
-	if main.known {
-		fields = c.answerFields(fields, "main_", main)
-	} else {
-		fields = append(fields, zap.String("main_result", "unknown"))
-	}
+	fields = c.answerFields(fields, "main_", main)
 	fields = c.answerFields(fields, "shadow_", shadow)
-	fields = append(fields, zap.Bool("same_status", main.known && main.status == shadow.status))
+	fields = append(fields, zap.Bool("same_status", main.status == shadow.status))
 	ce.Write(fields...)
 }
 
 // answerFields appends one answer's fields, each name prefixed.
-func (c *shadowCopy) answerFields(fields []zap.Field, prefix string, a answerSummary) []zap.Field {
+func (c *shadowCopy) answerFields(fields []zap.Field, prefix string, a shadowAnswer) []zap.Field {
 	ttft := time.Duration(0)
 	if !a.firstByte.IsZero() {
 		ttft = a.firstByte.Sub(c.start)
@@ -390,11 +395,11 @@ func (h *Handler) stopShadows() {
 	}
 }
 
-// discardWriter is a shadow copy's response writer: it keeps the headers
+// shadowWriter is a shadow copy's response writer: it keeps the headers
 // (the exchange writes them) and drops the body.
-type discardWriter struct{ hdr http.Header }
+type shadowWriter struct{ hdr http.Header }
 
-func (d *discardWriter) Header() http.Header         { return d.hdr }
-func (d *discardWriter) WriteHeader(int)             {}
-func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) Flush()                      {}
+func (d *shadowWriter) Header() http.Header         { return d.hdr }
+func (d *shadowWriter) WriteHeader(int)             {}
+func (d *shadowWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *shadowWriter) Flush()                      {}
