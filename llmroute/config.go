@@ -380,13 +380,27 @@ func (l StringList) MarshalJSON() ([]byte, error) {
 	return json.Marshal([]string(l))
 }
 
-// Shadow duplicates a share of a rule's requests to a candidate model.
+// Shadow duplicates a share of a rule's requests to a candidate model, to
+// compare it with the answers clients get. The copy runs on the side and
+// its answer is read and discarded: it never delays or changes the
+// client's answer, never queues, retries or fails over (it goes to the
+// first upstream of the model with a slot free at once, and only while no
+// client waits for a slot; otherwise it is not sent), and never counts
+// against the client's key (rate, tokens, spend) or an upstream's backoff.
+// At most 16 copies run at once per handler (more are not sent); each is
+// bounded by request_timeout (5m when that is off) and cancelled by a
+// reload or stop. Each copy is counted in
+// llm_proxy_shadow_requests_total{model,result} (model: the shadow model),
+// its tokens in llm_proxy_tokens_total, and each copy sent writes one
+// "shadow compared" log line with both answers' status, result, tokens,
+// latency and time to first token (never a body).
 type Shadow struct {
 	// Model is the plain model the copies go to. Required.
 	Model string `json:"model"`
 
-	// Fraction (0 to 1) is the share of the rule's requests copied.
-	// Default 0: none.
+	// Fraction (0 to 1) is the share of the rule's requests copied,
+	// counted over the requests the rule admits, not drawn at random:
+	// 0.25 copies exactly one in four. Default 0: none.
 	Fraction float64 `json:"fraction,omitempty"`
 }
 

@@ -166,6 +166,10 @@ type Handler struct {
 	// when it is not (state redis, or no keys).
 	usageStorage usageStorage
 
+	// shadowSem holds a token per running shadow copy (shadow.go); nil
+	// when no rule has a shadow.
+	shadowSem chan struct{}
+
 	stopProber chan struct{}
 	proberDone chan struct{}
 

@@ -29,6 +29,8 @@ type routeMetrics struct {
 	refusals  *prometheus.CounterVec // errors.go
 	// placements counts pool members' placements by reason (place.go).
 	placements *prometheus.CounterVec
+	// shadows counts shadow copies by shadow model and result (shadow.go).
+	shadows *prometheus.CounterVec
 	// rules counts router model requests by rule and effort (rules.go).
 	rules    *prometheus.CounterVec
 	byReason map[string]prometheus.Counter
@@ -68,6 +70,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_rule_requests_total",
 				Help: "Requests to router models, by the rule that took them and the request's effort (low, medium, high); refused ones included.",
 			}, []string{"model", "rule", "effort"}),
+			shadows: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_shadow_requests_total",
+				Help: "Shadow copies of router model requests, by the shadow model and result: an attempt result (ok, 4xx, 5xx, timeout, cancelled, …), or not sent: busy (no slot free at once, or a client waiting), dropped (too many copies running), skipped (the model cannot take the request).",
+			}, []string{"model", "result"}),
 			vis: newVisibilityMetrics(),
 		}
 		// Every reason's series exists from the start (at 0), so that a
@@ -95,7 +101,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -244,6 +250,7 @@ type liveSeries struct {
 	keys      map[string]bool    // client key ids
 	members   map[[2]string]bool // pool, upstream
 	rules     map[[2]string]bool // router model, rule
+	shadows   map[string]bool    // shadow models
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -255,6 +262,7 @@ func seriesOf(g *generation) liveSeries {
 		keys:      make(map[string]bool),
 		members:   make(map[[2]string]bool),
 		rules:     make(map[[2]string]bool),
+		shadows:   make(map[string]bool),
 	}
 	if g == nil {
 		return s
@@ -275,6 +283,9 @@ func seriesOf(g *generation) liveSeries {
 			if rt.rules != nil {
 				for _, ru := range rt.rules.rules {
 					s.rules[[2]string{rt.name, ru.name}] = true
+					if ru.shadowSend != nil {
+						s.shadows[ru.shadowSend.model] = true
+					}
 				}
 			}
 			s.models[rt.name] = true
@@ -310,6 +321,9 @@ func pruneSeries(g *generation) {
 	})
 	deleteSeries(m.rules, func(l prometheus.Labels) bool {
 		return live.rules[[2]string{l["model"], l["rule"]}]
+	})
+	deleteSeries(m.shadows, func(l prometheus.Labels) bool {
+		return live.shadows[l["model"]]
 	})
 	m.vis.prune(live)
 	pruneKeySeries(live.keys)

@@ -510,6 +510,7 @@ func (h *Handler) Cleanup() error {
 		<-h.proberDone
 	}
 	h.stopChecks()
+	h.stopShadows()
 	if h.transport != nil {
 		h.transport.CloseIdleConnections()
 	}

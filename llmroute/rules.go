@@ -191,7 +191,10 @@ type rule struct {
 	// counters are llm_proxy_rule_requests_total by effort (nil for an
 	// effort the rule never takes).
 	counters [numEfforts]prometheus.Counter
-	shadow   *Shadow // as configured (sending it is a later addition)
+	shadow   *Shadow // as configured
+	// shadowSend is the shadow, compiled (shadow.go); nil when the rule
+	// has none or its fraction is 0.
+	shadowSend *shadowSpec
 }
 
 // chain is a rule's chain of models, compiled as routes.
@@ -293,7 +296,8 @@ func (h *Handler) compileRules() error {
 		}
 		var unionUse []string
 		for _, rc := range m.Rules {
-			ru := &rule{name: rc.Name, priority: rc.Priority, effort: parseEffortExact(rc.Effort), use: rc.Use, shadow: rc.Shadow}
+			ru := &rule{name: rc.Name, priority: rc.Priority, effort: parseEffortExact(rc.Effort), use: rc.Use, shadow: rc.Shadow,
+				shadowSend: h.compileShadow(rc.Shadow)}
 			names := make([]string, 0, len(rc.Match))
 			for a := range rc.Match {
 				names = append(names, a)

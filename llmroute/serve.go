@@ -217,6 +217,14 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 			return nil
 		}
 	}
+	var shadow *shadowRun
+	if fr.rule != nil && fr.rule.shadowSend != nil {
+		// A share of the rule's admitted requests is copied to its shadow
+		// model, on the side (shadow.go); the answer goes on unchanged.
+		if shadow = h.startShadow(w, r, &fr, rt.name, body, dups); shadow != nil {
+			defer shadow.mainEnded()
+		}
+	}
 	var failures []attemptRecord
 	for {
 		t := &rt.targets[idx]
@@ -241,6 +249,9 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		if repl != nil {
 			// Retries and continuations included.
 			repl.Set("http.llm_route.attempts", attemptCount(fr.attempts))
+		}
+		if shadow != nil {
+			shadow.mainAnswer(t, &res)
 		}
 		if kr != nil {
 			h.settleAttempt(kr, t, res)
@@ -268,12 +279,18 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		}
 		if ok && kr != nil {
 			if next, apiErr = h.reserveAttempt(kr, rt, next); apiErr != nil {
+				if shadow != nil {
+					shadow.mainRefused(*apiErr)
+				}
 				h.refuse(w, r, f, *apiErr, zap.String("model", rt.name), fr.ruleField())
 				return nil
 			}
 		}
 		if !ok {
 			e := h.allFailed(rt, failures)
+			if shadow != nil {
+				shadow.mainRefused(e)
+			}
 			if kr != nil {
 				kr.served(e.code)
 			}
