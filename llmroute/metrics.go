@@ -30,7 +30,9 @@ type routeMetrics struct {
 	// placements counts pool members' placements by reason (place.go).
 	placements *prometheus.CounterVec
 	// rules counts router model requests by rule and effort (rules.go).
-	rules    *prometheus.CounterVec
+	rules *prometheus.CounterVec
+	// judge counts router models' judge questions by result (judge.go).
+	judge    *prometheus.CounterVec
 	byReason map[string]prometheus.Counter
 	state    stateCollector
 	vis      visibilityMetrics // usage.go
@@ -68,6 +70,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_rule_requests_total",
 				Help: "Requests to router models, by the rule that took them and the request's effort (low, medium, high); refused ones included.",
 			}, []string{"model", "rule", "effort"}),
+			judge: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_judge_requests_total",
+				Help: "Questions to router models' judges (experimental), by result: low, medium, high (the answer, taken); late, error, unparsable (medium instead); busy (no slot free at once, not asked), empty (no user text, not asked), cancelled (the client left).",
+			}, []string{"model", "result"}),
 			vis: newVisibilityMetrics(),
 		}
 		// Every reason's series exists from the start (at 0), so that a
@@ -95,7 +101,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.judge, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -244,6 +250,7 @@ type liveSeries struct {
 	keys      map[string]bool    // client key ids
 	members   map[[2]string]bool // pool, upstream
 	rules     map[[2]string]bool // router model, rule
+	judged    map[string]bool    // router models with a judge
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -255,6 +262,7 @@ func seriesOf(g *generation) liveSeries {
 		keys:      make(map[string]bool),
 		members:   make(map[[2]string]bool),
 		rules:     make(map[[2]string]bool),
+		judged:    make(map[string]bool),
 	}
 	if g == nil {
 		return s
@@ -275,6 +283,9 @@ func seriesOf(g *generation) liveSeries {
 			if rt.rules != nil {
 				for _, ru := range rt.rules.rules {
 					s.rules[[2]string{rt.name, ru.name}] = true
+				}
+				if rt.rules.judging != nil {
+					s.judged[rt.name] = true
 				}
 			}
 			s.models[rt.name] = true
@@ -310,6 +321,9 @@ func pruneSeries(g *generation) {
 	})
 	deleteSeries(m.rules, func(l prometheus.Labels) bool {
 		return live.rules[[2]string{l["model"], l["rule"]}]
+	})
+	deleteSeries(m.judge, func(l prometheus.Labels) bool {
+		return live.judged[l["model"]]
 	})
 	m.vis.prune(live)
 	pruneKeySeries(live.keys)

@@ -156,9 +156,10 @@ type ruleSet struct {
 	// catch-all (validated).
 	byEffort [numEfforts][]*rule
 	rules    []*rule // list order
-	// judge is the judge's model, "" for none (asking it is a later
-	// addition; see askJudge).
-	judge string
+	// judge is the judge's model, "" for none; judging asks it
+	// (judge.go).
+	judge   string
+	judging *judge
 }
 
 // attrSpec is one attribute the rules read.
@@ -346,6 +347,7 @@ func (h *Handler) compileRules() error {
 				return fmt.Errorf("llm_route config: model %q: judge: model %q has no upstream that serves chat", m.Name, j.Model)
 			}
 			rs.judge = j.Model
+			rs.judging = h.newJudge(m.Name, j, h.table.apiRoutes[apiChat][j.Model])
 		}
 		// The router's own route: every model it may use, for status,
 		// count_tokens and the key listing.
@@ -413,7 +415,7 @@ func (h *Handler) resolveRule(w http.ResponseWriter, r *http.Request, fr *frontR
 	if e == effortNone {
 		e, src = sh.fieldEffort(body, sp), srcField
 	}
-	if e == effortNone && rs.judge != "" {
+	if e == effortNone && rs.judging != nil {
 		if e = h.askJudge(r, rs, fr, body); e != effortNone {
 			src = srcJudge
 		}
@@ -526,13 +528,6 @@ func (h *Handler) narrowChains(k *clientKey) {
 			}
 		}
 	}
-}
-
-// askJudge asks the router's judge for the effort of a request that pins
-// none. The judge is not wired yet: it gives no answer, and the request
-// is medium (default).
-func (h *Handler) askJudge(r *http.Request, rs *ruleSet, fr *frontReq, body []byte) effort {
-	return effortNone
 }
 
 // spanValue is the value a span notes, nil when absent.
