@@ -256,9 +256,23 @@ func TestJudgeLateIsMedium(t *testing.T) {
 		clf.setHandler(c.answer)
 		for _, f := range ruleFronts {
 			for _, stream := range []bool{false, true} {
+				// The client gives up well after the bound, so that a
+				// request the judge holds fails here rather than hangs.
+				ctx, cancel := context.WithTimeout(context.Background(), deadline+5*time.Second)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.p.URL+f.path, strings.NewReader(f.body("auto", stream, "")))
+				req.Header.Set("Content-Type", "application/json")
 				start := time.Now()
-				resp := s.send(t, f, stream, f.body("auto", stream, ""))
+				resp, err := testClient.Do(req)
+				if err != nil {
+					cancel()
+					t.Fatalf("%s %s stream=%v: no answer within %v: %v", c.name, f.name, stream, deadline+5*time.Second, err)
+				}
+				b := readAll(t, resp)
 				took := time.Since(start)
+				cancel()
+				if resp.StatusCode != http.StatusOK || !strings.Contains(b, map[bool]string{false: `"usage"`, true: f.end}[stream]) {
+					t.Fatalf("%s %s stream=%v: %d %s", c.name, f.name, stream, resp.StatusCode, b)
+				}
 				expectRoute(t, resp, "r-medium", "medium (default)", "m-medium")
 				if took > deadline+2*time.Second {
 					t.Errorf("%s %s stream=%v: request took %v with a %v judge deadline", c.name, f.name, stream, took, deadline)
