@@ -105,7 +105,7 @@ func (h *Handler) newJudge(router string, jc *Judge, rt *route) *judge {
 func (h *Handler) askJudge(r *http.Request, rs *ruleSet, fr *frontReq, body []byte) effort {
 	j := rs.judging
 	start := time.Now()
-	e, result := h.judgeOnce(r, j, fr.api, body)
+	e, result := h.judgeOnce(r, j, fr.codec.rules(), body)
 	j.counters[result].Inc()
 	if c := h.logger.Check(zapcore.DebugLevel, "judge asked"); c != nil {
 		c.Write(zap.String("model", rs.model), zap.String("judge", j.model), zap.String("result", result),
@@ -115,8 +115,8 @@ func (h *Handler) askJudge(r *http.Request, rs *ruleSet, fr *frontReq, body []by
 }
 
 // judgeOnce sends the judge's question once and reads its verdict.
-func (h *Handler) judgeOnce(r *http.Request, j *judge, a api, body []byte) (effort, string) {
-	text := lastUserText(a, body)
+func (h *Handler) judgeOnce(r *http.Request, j *judge, sh *ruleShape, body []byte) (effort, string) {
+	text := lastUserText(sh, body)
 	if len(text) == 0 {
 		return effortNone, judgeEmpty
 	}
@@ -233,25 +233,20 @@ func judgeVerdict(answer []byte) effort {
 }
 
 // lastUserText is the text of the request's last user message that has
-// any, decoded, its parts joined by newlines and cut to judgeMaxText: chat
-// and Messages `messages` (a string content, or its text parts),
-// Responses `input` (a string, or the last user item's input_text parts,
-// or a string content), completions `prompt` (a string). nil when there is
-// none (embeddings, a conversation of tool results only).
-func lastUserText(a api, body []byte) []byte {
-	switch a {
-	case apiChat, apiMessages:
-		return lastUserOf(jsonscan.ObjGet(body, "messages"), "text")
-	case apiResponses:
-		in := jsonscan.ObjGet(body, "input")
-		if jsonscan.IsString(in) {
-			return boundText(jsonscan.AppendStringValue(nil, in))
-		}
-		return lastUserOf(in, "input_text")
-	case apiCompletions:
-		return boundText(jsonscan.AppendStringValue(nil, jsonscan.ObjGet(body, "prompt")))
+// any, decoded, its parts joined by newlines and cut to judgeMaxText. The
+// codec's shape says where it is (ruleShape.said): a string member (a
+// Responses input, a completions prompt), or an array of messages whose
+// content is a string or a list of parts. nil when there is none
+// (embeddings, a conversation of tool results only).
+func lastUserText(sh *ruleShape, body []byte) []byte {
+	if sh.said[0] == "" {
+		return nil
 	}
-	return nil
+	v := jsonscan.ObjGet(body, sh.said[0])
+	if jsonscan.IsString(v) {
+		return boundText(jsonscan.AppendStringValue(nil, v))
+	}
+	return lastUserOf(v, sh.said[1])
 }
 
 // lastUserOf finds, in an array of messages (role, content), the last one

@@ -134,6 +134,10 @@ type ruleShape struct {
 	// user is the top-level user member; userIn, the member of metadata
 	// that is the user (Messages' user_id).
 	user, userIn string
+	// said is where the judge reads the user's last words: a top-level
+	// member holding a string or an array of messages, and the type of
+	// the text parts of a message's content (judge.go).
+	said [2]string
 }
 
 // addSpans names the members the rules read in the request's parse.
