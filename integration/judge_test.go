@@ -20,7 +20,9 @@ import (
 
 type judgeSetup struct{ rulesSetup }
 
-// startJudge starts the proxy: limits gives an upstream's max_concurrency
+// startJudge starts the proxy: deadline is the judge's ("" for the
+// default; tests that expect answers give a generous one, so that a loaded
+// machine never makes an answer late), limits gives an upstream's max_concurrency
 // (by model), extra adds handler fields. clf's provider has a backoff, so
 // a judge failure that fed it would show.
 func startJudge(t *testing.T, deadline string, limits map[string]int, extra ...any) *judgeSetup {
@@ -90,7 +92,7 @@ func (s *judgeSetup) asked(t *testing.T) []judgeAsked {
 // a leading think block are forgiven. The judge's tokens count under the
 // judge model, and it is no client attempt.
 func TestJudgeAnswerPicksRule(t *testing.T) {
-	s := startJudge(t, "", nil)
+	s := startJudge(t, "5s", nil)
 	clf := s.ups["clf"]
 	clf.setHandler(completion("high"))
 	for _, f := range ruleFronts {
@@ -178,7 +180,7 @@ func TestJudgeAnswerPicksRule(t *testing.T) {
 // a failing judge, leaves the request at medium (source default), and the
 // request is served; a judge failure never cools the judge's upstream.
 func TestJudgeUnclearAnswerIsMedium(t *testing.T) {
-	s := startJudge(t, "", nil)
+	s := startJudge(t, "5s", nil)
 	clf := s.ups["clf"]
 	notJSON := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -293,7 +295,8 @@ func TestJudgeLateIsMedium(t *testing.T) {
 }
 
 // TestJudgeNotAskedWhenEffortPinned: a name suffix or a body field gives
-// the effort, and the judge is never asked.
+// the effort, and the judge is never asked; nor is it for a request
+// without user text.
 func TestJudgeNotAskedWhenEffortPinned(t *testing.T) {
 	s := startJudge(t, "", nil)
 	s.ups["clf"].setHandler(completion("high"))
@@ -314,6 +317,15 @@ func TestJudgeNotAskedWhenEffortPinned(t *testing.T) {
 		if !ok || v != 0 {
 			t.Errorf("llm_proxy_judge_requests_total{result=%s} = %v (present %v), want 0", r, v, ok)
 		}
+	}
+	// No user text (an image only): nothing to judge, not asked.
+	resp := s.send(t, ruleFronts[0], false, `{"model":"auto","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}]}`)
+	expectRoute(t, resp, "r-medium", "medium (default)", "m-medium")
+	if n := len(s.ups["clf"].Calls()); n != 0 {
+		t.Errorf("judge asked %d times for a request without text, want 0", n)
+	}
+	if n := s.judgeCount("empty"); n != 1 {
+		t.Errorf("llm_proxy_judge_requests_total{result=empty} = %v, want 1", n)
 	}
 }
 
@@ -375,4 +387,27 @@ func TestJudgeBusyIsNotWaitedFor(t *testing.T) {
 	// Nobody waits: the judge is asked again.
 	resp = s.send(t, ruleFronts[0], false, chatBody("auto", false))
 	expectRoute(t, resp, "r-high", "high (judge)", "m-high")
+}
+
+// TestJudgeAndClientKeys: a key that may use the router model gets the
+// judge's answer even if it may not use the judge model itself (the judge
+// is the router's, not the client's); a key that may not use the router
+// model is refused without a question to the judge.
+func TestJudgeAndClientKeys(t *testing.T) {
+	keys := []any{
+		obj("id", "auto-only", "secret", "sk-auto", "models", []string{"auto", "m-*"}), // not clf
+		obj("id", "plain-only", "secret", "sk-plain", "models", []string{"m-*"}),
+	}
+	s := startJudge(t, "5s", nil, "keys", keys)
+	clf := s.ups["clf"]
+	clf.setHandler(completion("high"))
+	resp := s.send(t, ruleFronts[0], false, chatBody("auto", false), "Authorization", "Bearer sk-auto")
+	expectRoute(t, resp, "r-high", "high (judge)", "m-high")
+	if n := len(clf.Calls()); n != 1 {
+		t.Fatalf("judge asked %d times for a key that may use auto, want 1", n)
+	}
+	expectAPIError(t, s.p.chat(chatBody("auto", false), "Authorization", "Bearer sk-plain"), http.StatusForbidden, "model_not_allowed")
+	if n := len(clf.Calls()); n != 1 {
+		t.Errorf("judge asked for a key that may not use auto (%d calls, want 1)", n)
+	}
 }

@@ -3,6 +3,7 @@ package llmroute
 import (
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
@@ -56,5 +57,17 @@ func TestJudgeLastUserText(t *testing.T) {
 	got := lastUserText(&chatRules, []byte(`{"messages":[{"role":"user","content":"`+long+`"}]}`))
 	if len(got) > judgeMaxText || len(got) < judgeMaxText-3 || !utf8.Valid(got) {
 		t.Errorf("long text cut to %d bytes, valid %v", len(got), utf8.Valid(got))
+	}
+}
+
+// TestJudgeDeadlineDefault: 250ms unless the config sets one.
+func TestJudgeDeadlineDefault(t *testing.T) {
+	h := &Handler{metrics: getMetrics()}
+	if j := h.newJudge("auto", &Judge{Model: "clf"}, nil); j.deadline != 250*time.Millisecond {
+		t.Errorf("default deadline %v, want 250ms", j.deadline)
+	}
+	d := Duration(time.Second)
+	if j := h.newJudge("auto", &Judge{Model: "clf", Deadline: &d}, nil); j.deadline != time.Second {
+		t.Errorf("deadline %v, want 1s", j.deadline)
 	}
 }

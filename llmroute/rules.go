@@ -419,7 +419,9 @@ func (h *Handler) resolveRule(w http.ResponseWriter, r *http.Request, fr *frontR
 	if e == effortNone {
 		e, src = sh.fieldEffort(body, sp), srcField
 	}
-	if e == effortNone && rs.judging != nil {
+	// A key that may not use the router model is refused later: its
+	// request is not worth a question the operator pays for.
+	if e == effortNone && rs.judging != nil && (key == nil || key.allows(rs.model)) {
 		if e = h.askJudge(r, rs, fr, body); e != effortNone {
 			src = srcJudge
 		}
