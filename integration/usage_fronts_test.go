@@ -51,18 +51,22 @@ func anthropicWithUsage(w http.ResponseWriter, r *http.Request) {
 func TestTokensCountedOnEveryFront(t *testing.T) {
 	chatUp := newUpstream(t, chatWithUsage)
 	anthUp := newUpstream(t, anthropicWithUsage)
+	gemUp := newUpstream(t, nativeGemini("hi there"))
 	p := startProxy(t, cfg(
 		[]map[string]any{
 			obj("id", "pc", "url", chatUp.base()),
 			obj("id", "pa", "url", anthUp.base(), "apis", []string{"messages"}, "auth", "x-api-key"),
+			obj("id", "pg", "url", gemUp.URL+"/v1beta", "key", geminiProviderKey, "apis", []string{"gemini"}, "auth", "x-goog-api-key"),
 		},
 		[]map[string]any{
 			obj("id", "chat-up", "provider", "pc", "model", "real-model"),
 			obj("id", "anth-up", "provider", "pa", "model", "real-model"),
+			obj("id", "gem-up", "provider", "pg", "model", "real-model"),
 		},
 		[]map[string]any{
 			obj("name", "c", "upstreams", []string{"chat-up"}),
 			obj("name", "a", "upstreams", []string{"anth-up"}),
+			obj("name", "g", "upstreams", []string{"gem-up"}),
 		},
 	))
 	messages := func(model string, stream bool) string {
@@ -71,6 +75,7 @@ func TestTokensCountedOnEveryFront(t *testing.T) {
 	responses := func(model string, stream bool) string {
 		return fmt.Sprintf(`{"model":%q,"stream":%v,"input":"hi"}`, model, stream)
 	}
+	const gemini = `{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}`
 	cases := []struct {
 		name, path, body, upstream string
 	}{
@@ -82,9 +87,13 @@ func TestTokensCountedOnEveryFront(t *testing.T) {
 		{"responses translated stream", "/v1/responses", responses("c", true), "chat-up"},
 		{"messages native", "/v1/messages", messages("a", false), "anth-up"},
 		{"messages native stream", "/v1/messages", messages("a", true), "anth-up"},
+		{"gemini translated", "/v1beta/models/c:generateContent", gemini, "chat-up"},
+		{"gemini translated stream", "/v1beta/models/c:streamGenerateContent?alt=sse", gemini, "chat-up"},
+		{"gemini native", "/v1beta/models/g:generateContent", gemini, "gem-up"},
+		{"gemini native stream", "/v1beta/models/g:streamGenerateContent?alt=sse", gemini, "gem-up"},
 	}
-	model := map[string]string{"chat-up": "c", "anth-up": "a"}
-	provider := map[string]string{"chat-up": "pc", "anth-up": "pa"}
+	model := map[string]string{"chat-up": "c", "anth-up": "a", "gem-up": "g"}
+	provider := map[string]string{"chat-up": "pc", "anth-up": "pa", "gem-up": "pg"}
 	for _, c := range cases {
 		// Every upstream reports 20 prompt tokens, 8 of them cached, and 6
 		// output tokens.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,7 +33,8 @@ func init() {
 //     request for M would go now and why, per upstream (pool members with
 //     their placement rank and reason, for the affinity key S); POST with a
 //     request body of the API explains that request (its model, prompt and
-//     affinity key);
+//     affinity key); for a router model, also [&effort=E][&attr=NAME=VALUE]…
+//     and the rule that matches, its chain and how its first model is chosen;
 //   - GET /llm_route/ — an HTML status page, rendered with the snapshot and
 //     refreshed by its script every second.
 //
@@ -76,6 +78,12 @@ var (
 		"memberSlots": memberSlotsText,
 		"placements":  placementsText,
 		"cachedRatio": cachedRatioText,
+		// router models
+		"hasRules":    hasRules,
+		"ruleEffort":  ruleEffortText,
+		"ruleMatch":   ruleMatchText,
+		"ruleWeights": ruleWeightsText,
+		"ruleShadow":  ruleShadowText,
 	}).Parse(pageHTML))
 )
 
@@ -148,7 +156,12 @@ func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	rt := findRoute(name)
+	rq, apiErr := parseRuleQuery(q)
+	if apiErr != nil {
+		apiErr.write(w)
+		return nil
+	}
+	h, rt, pinned := findModel(name)
 	if rt == nil {
 		errUnknownModel(name).write(w)
 		return nil
@@ -157,7 +170,26 @@ func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
 	if body != nil {
 		in.r = r // the session headers sent with it
 	}
-	return writeAdminJSON(w, explain(rt, a, tokens, in))
+	if rt.rules == nil {
+		if rq.given {
+			apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "not_a_router_model",
+				message: "model " + strconv.Quote(rt.name) + " has no rules: effort and attr apply to router models"}.write(w)
+			return nil
+		}
+		return writeAdminJSON(w, explain(rt, a, tokens, in))
+	}
+	rv, walk, apiErr := h.explainRule(rt.rules, pinned, rq, a, in.r, in)
+	if apiErr != nil {
+		apiErr.write(w)
+		return nil
+	}
+	in.led = walk.ledger()
+	ex := explain(walk, a, tokens, in)
+	ex.Rule = rv
+	if rv.NotAllowed != "" {
+		ex.Choice, ex.Outcome = nil, outcomeNotAllowed
+	}
+	return writeAdminJSON(w, ex)
 }
 
 // handlePage serves the status page and its two assets; anything else under
@@ -307,4 +339,54 @@ func cachedRatioText(m memberStatus) string {
 		return "—"
 	}
 	return strconv.Itoa(int(math.Round(*m.CachedRatio*100))) + " %"
+}
+
+// hasRules reports whether any model is a router model.
+func hasRules(ms []modelStatus) bool {
+	return slices.ContainsFunc(ms, func(m modelStatus) bool { return len(m.Rules) > 0 })
+}
+
+// ruleEffortText is the rule's effort, "any" when it takes every one.
+func ruleEffortText(r ruleStatus) string {
+	if r.Effort == "" {
+		return "any"
+	}
+	return r.Effort
+}
+
+// ruleMatchText is "language=es, team=billing|payments" by attribute
+// name, "—" for a catch-all.
+func ruleMatchText(r ruleStatus) string {
+	if len(r.Match) == 0 {
+		return "—"
+	}
+	names := make([]string, 0, len(r.Match))
+	for n := range r.Match {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for i, n := range names {
+		names[i] = n + "=" + strings.Join(r.Match[n], "|")
+	}
+	return strings.Join(names, ", ")
+}
+
+// ruleWeightsText is "90/10", "—" without weights.
+func ruleWeightsText(r ruleStatus) string {
+	if len(r.Weights) == 0 {
+		return "—"
+	}
+	parts := make([]string, len(r.Weights))
+	for i, w := range r.Weights {
+		parts[i] = strconv.Itoa(w)
+	}
+	return strings.Join(parts, "/")
+}
+
+// ruleShadowText is "qwen-candidate 25 %", "—" without a shadow.
+func ruleShadowText(r ruleStatus) string {
+	if r.Shadow == nil {
+		return "—"
+	}
+	return r.Shadow.Model + " " + strconv.FormatFloat(math.Round(r.Shadow.Fraction*1000)/10, 'f', -1, 64) + " %"
 }

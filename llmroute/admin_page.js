@@ -76,6 +76,29 @@
     return tr;
   }
 
+  // A router model's rules (the same texts as admin.go's).
+  function ruleRows(models) {
+    const rows = [];
+    for (const m of models) {
+      for (const r of m.rules || []) {
+        const tr = el("tr");
+        tr.dataset.model = m.name;
+        tr.dataset.rule = r.name;
+        const match = Object.keys(r.match || {}).sort().map((n) => {
+          const v = r.match[n];
+          return n + "=" + (Array.isArray(v) ? v.join("|") : v);
+        }).join(", ") || "\u2014";
+        const weights = r.weights && r.weights.length ? r.weights.join("/") : "\u2014";
+        const shadow = r.shadow ? r.shadow.model + " " + Math.round((r.shadow.fraction || 0) * 1000) / 10 + " %" : "\u2014";
+        tr.append(el("td", "name", m.name), el("td", "rule", r.name), el("td", "priority", String(r.priority)),
+          el("td", "effort", r.effort || "any"), el("td", "match", match), el("td", "route", r.use.join(" \u2192 ")),
+          el("td", "weights", weights), el("td", "shadow", shadow), el("td", "requests", String(r.requests)));
+        rows.push(tr);
+      }
+    }
+    return rows;
+  }
+
   const reasons = ["first", "least_busy", "weighted", "pinned", "warm", "cold", "waited"];
 
   function poolRows(pools) {
@@ -108,7 +131,7 @@
     if (rows.length === 0 && emptyText) {
       const tr = el("tr", "empty");
       const td = el("td", "", emptyText);
-      td.colSpan = 8;
+      td.colSpan = 9;
       tr.append(td);
       rows = [tr];
     }
@@ -119,6 +142,7 @@
     if (!snap) return;
     fill("upstreams", snap.upstreams.map(upstreamRow), "no llm_route handler is running");
     fill("models", snap.models.map(modelRow));
+    fill("rules", ruleRows(snap.models), "no router models");
     fill("pools", poolRows(snap.pools), "no pools");
     fill("providers", snap.providers.map(providerRow));
     document.getElementById("sessions").textContent = String(snap.sessions);

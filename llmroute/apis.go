@@ -14,11 +14,12 @@ const (
 	apiResponses
 	apiEmbeddings
 	apiCompletions
+	apiGemini
 	numAPIs
 )
 
 // apiNames are the config words (and the `api` log field) of each api.
-var apiNames = [numAPIs]string{"chat", "messages", "responses", "embeddings", "completions"}
+var apiNames = [numAPIs]string{"chat", "messages", "responses", "embeddings", "completions", "gemini"}
 
 func (a api) String() string { return apiNames[a] }
 
@@ -42,7 +43,7 @@ func parseAPIs(list []string) (apiSet, error) {
 			}
 		}
 		if !found {
-			return 0, fmt.Errorf("%q is not one of chat, messages, responses, embeddings, completions", w)
+			return 0, fmt.Errorf("%q is not one of chat, messages, responses, embeddings, completions, gemini", w)
 		}
 	}
 	return s, nil
@@ -58,14 +59,21 @@ const (
 	epResponses
 	epEmbeddings
 	epCompletions
+	// Gemini's paths name the model (`/models/{model}:generateContent`):
+	// each upstream's are made from its own model (geminiURLs).
+	epGeminiGenerate
+	epGeminiStream
+	epGeminiCount
 	numEndpoints
 )
 
-// endpointPaths are appended to the provider URL.
-var endpointPaths = [numEndpoints]string{"/chat/completions", "/messages", "/messages/count_tokens", "/responses", "/embeddings", "/completions"}
+// endpointPaths are appended to the provider URL (the endpoints whose path
+// names no model).
+var endpointPaths = [epGeminiGenerate]string{"/chat/completions", "/messages", "/messages/count_tokens", "/responses", "/embeddings", "/completions"}
 
-// nativeEndpoint is where a request of api goes on a native upstream.
-var nativeEndpoint = [numAPIs]endpoint{epChat, epMessages, epResponses, epEmbeddings, epCompletions}
+// nativeEndpoint is where a request of api goes on a native upstream
+// (Gemini's stream goes to epGeminiStream: encodeGeminiNative).
+var nativeEndpoint = [numAPIs]endpoint{epChat, epMessages, epResponses, epEmbeddings, epCompletions, epGeminiGenerate}
 
 // ownHeaders are the headers a request the proxy makes itself (the model
 // list of the start-up path check) carries to an upstream serving the api
@@ -85,11 +93,14 @@ var authHeaders = map[string]struct {
 	"bearer":    {"Authorization", true},
 	"x-api-key": {http.CanonicalHeaderKey("x-api-key"), false},
 	"api-key":   {http.CanonicalHeaderKey("api-key"), false},
+	// Google's Gemini API.
+	"x-goog-api-key": {http.CanonicalHeaderKey("x-goog-api-key"), false},
 }
 
 // canServe reports whether an upstream serving apis can answer a request
 // of api a: natively, or translated to chat when a's codec translates
-// (Messages, Responses; chat, embeddings and completions never are).
+// (Messages, Responses, Gemini; chat, embeddings and completions never
+// are).
 func (s apiSet) canServe(a api) bool {
 	return s.has(a) || s.has(apiChat) && codecs[a].viaChat()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/ledger"
 	"github.com/llm-route/caddy-llm-route/llmroute/placement"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
+	"github.com/llm-route/caddy-llm-route/llmroute/wire/gemini"
 )
 
 // ClientKey is a key clients present to use the handler. With
@@ -94,7 +95,7 @@ type clientKey struct {
 	// (rules.go narrowChains).
 	narrow map[*route]*route
 
-	modelsBody, anthropicModels []byte // GET …/models for this key, pre-encoded
+	modelsBody, anthropicModels, geminiModels []byte // GET …/models for this key, pre-encoded
 
 	// The key's token series (input, output, cached_input, reasoning) and
 	// spend series, looked up once instead of hashing labels per request.
@@ -194,6 +195,7 @@ func (h *Handler) provisionKeys() error {
 			}
 			k.modelsBody = modelsListBody(names, h.table.created)
 			k.anthropicModels = anthropic.ModelsBody(names, time.Unix(h.table.created, 0))
+			k.geminiModels = gemini.ModelsBody(names)
 		}
 		h.narrowChains(k)
 		for i, typ := range tokenTypes {
@@ -255,7 +257,7 @@ func globMatch(pattern, name string) bool {
 // Refusals of client keys.
 var (
 	errInvalidKey = apiError{status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_api_key",
-		message: "missing or unknown API key; send it as Authorization: Bearer <key> or x-api-key"}
+		message: "missing or unknown API key; send it as Authorization: Bearer <key>, x-api-key or x-goog-api-key"}
 )
 
 func errModelNotAllowed(model string) apiError {
@@ -281,16 +283,25 @@ func ceilSeconds(d time.Duration) int {
 	return max(int((d+time.Second-1)/time.Second), 1)
 }
 
-// authenticate finds the request's client key and deletes its headers
-// from the request, so that neither the upstream nor Caddy's access log
-// (which prints X-Api-Key) ever sees it. A missing or unknown key is
-// answered 401 in the front's shape and reported as nil.
+// authenticate finds the request's client key — Authorization: Bearer,
+// else X-Api-Key, else X-Goog-Api-Key, else the `key` query parameter
+// (Google's) — and deletes all of them from the request, so that no
+// upstream and no later handler ever sees it (Caddy's access log copies
+// the request before any handler: its log filter hides them there). A
+// missing or unknown key is answered 401 in the front's shape and
+// reported as nil.
 //
 // The lookup is by SHA-256 of the presented secret: the map compares
 // digests, never secrets, and the match is confirmed in constant time,
 // so timing reveals nothing about a configured secret.
 func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, f front) *clientKey {
 	secret := r.Header.Get("X-Api-Key")
+	if secret == "" {
+		secret = r.Header.Get("X-Goog-Api-Key")
+	}
+	if q := stripKeyQuery(r); secret == "" {
+		secret = q
+	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		if len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
 			secret = strings.TrimSpace(auth[7:])
@@ -298,6 +309,7 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, f front) 
 	}
 	delete(r.Header, "Authorization") // canonical names: no Del's canonicalising
 	delete(r.Header, "X-Api-Key")
+	delete(r.Header, "X-Goog-Api-Key")
 	if secret != "" {
 		sum := sha256.Sum256([]byte(secret))
 		if k := h.keys[sum]; k != nil && subtle.ConstantTimeCompare(sum[:], k.hash[:]) == 1 {
@@ -393,6 +405,15 @@ func (h *Handler) keyListing(w http.ResponseWriter, r *http.Request, f front, k 
 		}
 		return true
 	case frontModel:
+		if h.table.routes[id] != nil && !k.allows(id) {
+			h.refuseKey(w, r, f, k, id, errModelNotAllowed(id))
+			return true
+		}
+	case frontGeminiModels:
+		if id == "" {
+			writeJSON(w, http.StatusOK, k.geminiModels)
+			return true
+		}
 		if h.table.routes[id] != nil && !k.allows(id) {
 			h.refuseKey(w, r, f, k, id, errModelNotAllowed(id))
 			return true

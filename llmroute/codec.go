@@ -39,6 +39,10 @@ type codec interface {
 	// generates reports that an answer bills output tokens (embeddings
 	// does not): a key's budget reserves for them.
 	generates() bool
+	// pathTarget is the model and stream an API names in the request path
+	// rather than in the body (Gemini's `/models/{model}:verb`); ok false
+	// when the body names them.
+	pathTarget(path string) (model string, stream, ok bool)
 
 	// session is the client's own session id, "" for none or when the
 	// API does not use one (the upstream's session header then hashes the
@@ -106,6 +110,7 @@ var codecs = [numAPIs]codec{
 	apiResponses:   responsesCodec{},
 	apiEmbeddings:  embeddingsCodec{},
 	apiCompletions: completionsCodec{},
+	apiGemini:      geminiCodec{},
 }
 
 // writeAs sends the error in the shape of front f's API.
@@ -296,10 +301,11 @@ func (nativeOnly) session(r *http.Request) string { return clientSession(r) }
 func (nativeOnly) sessionID(ids ledger.Ledger, _, out []byte, _ translation) string {
 	return ids.SessionID(out)
 }
-func (nativeOnly) notResumable([]byte) string { return "" }
-func (nativeOnly) shape() *streamShape        { return &defaultShape }
-func (nativeOnly) prompt() *promptShape       { return &nativePrompt }
-func (nativeOnly) rules() *ruleShape          { return &nativeRules }
+func (nativeOnly) notResumable([]byte) string             { return "" }
+func (nativeOnly) pathTarget(string) (string, bool, bool) { return "", false, false }
+func (nativeOnly) shape() *streamShape                    { return &defaultShape }
+func (nativeOnly) prompt() *promptShape                   { return &nativePrompt }
+func (nativeOnly) rules() *ruleShape                      { return &nativeRules }
 
 // nativeRules: a top-level user, no effort; completions' prompt is what
 // the judge reads (embeddings have none).

@@ -27,6 +27,9 @@ var chatRules = ruleShape{effort: [2]string{"reasoning_effort"}, user: "user", s
 
 func (chatCodec) prompt() *promptShape { return &chatPrompt }
 
+// pathTarget: the body names the model and the stream.
+func (chatCodec) pathTarget(string) (string, bool, bool) { return "", false, false }
+
 var chatPrompt = promptShape{parts: [3]string{"messages", "tools"}, key: [2]string{"prompt_cache_key"}}
 
 // session: a chat request's session header is the hash of its history; the

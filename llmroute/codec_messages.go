@@ -29,6 +29,9 @@ var messagesRules = ruleShape{effort: [2]string{"output_config", "effort"}, budg
 
 func (messagesCodec) prompt() *promptShape { return &messagesPrompt }
 
+// pathTarget: the body names the model and the stream.
+func (messagesCodec) pathTarget(string) (string, bool, bool) { return "", false, false }
+
 var messagesPrompt = promptShape{parts: [3]string{"system", "messages", "tools"}, key: [2]string{"metadata", "user_id"}}
 
 // sessionID: the hash of the conversation's history (the system prompt and

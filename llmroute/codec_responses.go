@@ -30,6 +30,9 @@ var responsesRules = ruleShape{effort: [2]string{"reasoning", "effort"}, user: "
 
 func (responsesCodec) prompt() *promptShape { return &responsesPrompt }
 
+// pathTarget: the body names the model and the stream.
+func (responsesCodec) pathTarget(string) (string, bool, bool) { return "", false, false }
+
 var responsesPrompt = promptShape{parts: [3]string{"instructions", "input", "tools"}, key: [2]string{"prompt_cache_key"}}
 
 func (responsesCodec) writeError(w http.ResponseWriter, e apiError) { e.write(w) }

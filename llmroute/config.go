@@ -85,15 +85,19 @@ type Provider struct {
 	ReasoningEmptyOK bool `json:"reasoning_empty_ok,omitempty"`
 
 	// APIs are the wire APIs this provider's upstreams serve natively,
-	// from `chat`, `messages`, `responses`, `embeddings` and
-	// `completions`. Default `["chat"]`. A Messages or Responses request to
-	// an upstream without its API is translated to chat; an embeddings or
-	// completions request skips such an upstream.
+	// from `chat`, `messages`, `responses`, `embeddings`, `completions`
+	// and `gemini` (Google's Gemini API, `generateContent`; the provider
+	// url is then the API root such as
+	// `https://generativelanguage.googleapis.com/v1beta`, to which
+	// `/models/{model}:generateContent` is appended). Default `["chat"]`.
+	// A Messages, Responses or Gemini request to an upstream without its
+	// API is translated to chat; an embeddings or completions request
+	// skips such an upstream.
 	APIs []string `json:"apis,omitempty"`
 
 	// Auth is the header the provider's key goes in: `bearer` (default,
-	// `Authorization: Bearer <key>`), `x-api-key` (Anthropic) or `api-key`
-	// (Azure).
+	// `Authorization: Bearer <key>`), `x-api-key` (Anthropic), `api-key`
+	// (Azure) or `x-goog-api-key` (Google).
 	Auth string `json:"auth,omitempty"`
 
 	// KeepBillingHeader keeps Claude Code's `x-anthropic-billing-header:`
@@ -568,7 +572,7 @@ func validateConfig(providers []Provider, upstreams []Upstream, pools []Pool, mo
 			bad("%s: apis: %v", where, err)
 		}
 		if _, ok := authHeaders[p.Auth]; !ok {
-			bad("%s: auth: %q is not bearer, x-api-key or api-key", where, p.Auth)
+			bad("%s: auth: %q is not bearer, x-api-key, api-key or x-goog-api-key", where, p.Auth)
 		}
 	}
 

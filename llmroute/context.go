@@ -24,17 +24,18 @@ import (
 // a context-length refusal; error bodies are small.
 const maxRefusalPeek = 64 << 10
 
-// contextMarkers are the four families' words, lowercase: OpenAI's code
+// contextMarkers are the families' words, lowercase: OpenAI's code
 // (and its Responses wording), llama.cpp's error type and its older 500
-// message, vLLM's and sglang's messages, Anthropic's message.
+// message, vLLM's and sglang's messages, Anthropic's and Google's messages.
 var contextMarkers = [][]byte{
-	[]byte("context_length_exceeded"),                // OpenAI (and many compatibles)
-	[]byte("exceeds the context window"),             // OpenAI Responses
-	[]byte("exceed_context_size_error"),              // llama.cpp server (400)
-	[]byte("exceeds the available context size"),     // llama.cpp server, older (500)
-	[]byte("maximum context length"),                 // vLLM, OpenAI's message
-	[]byte("longer than the model's context length"), // sglang
-	[]byte("prompt is too long"),                     // Anthropic
+	[]byte("context_length_exceeded"),                      // OpenAI (and many compatibles)
+	[]byte("exceeds the context window"),                   // OpenAI Responses
+	[]byte("exceed_context_size_error"),                    // llama.cpp server (400)
+	[]byte("exceeds the available context size"),           // llama.cpp server, older (500)
+	[]byte("maximum context length"),                       // vLLM, OpenAI's message
+	[]byte("longer than the model's context length"),       // sglang
+	[]byte("prompt is too long"),                           // Anthropic
+	[]byte("exceeds the maximum number of tokens allowed"), // Google Gemini (400 INVALID_ARGUMENT)
 }
 
 // contextStatus reports statuses a context-length refusal comes with.

@@ -77,12 +77,18 @@ func (h *Handler) countUpstream(w http.ResponseWriter, r *http.Request, t *targe
 	if err != nil {
 		return false
 	}
+	return h.relayCount(w, r, u, epCountTokens, out)
+}
+
+// relayCount sends a token count request to u's endpoint ep; it reports
+// whether an answer (any status but a failover one) reached the client.
+func (h *Handler) relayCount(w http.ResponseWriter, r *http.Request, u *upstream, ep endpoint, out []byte) bool {
 	// Through the attempt path (call.go), sent once: count_tokens holds no
 	// slot, and a failure only means the proxy estimates instead.
 	c := call{h: h, u: u, r: r, log: nopLogger}
 	c.open(h.attemptContext(r.Context()))
 	defer c.close()
-	if res, ok := c.send(c.request(u.urls[epCountTokens], out)); !ok {
+	if res, ok := c.send(c.request(u.urls[ep], out)); !ok {
 		// 404 included: a server that serves messages but not count_tokens.
 		if ce := h.logger.Check(zapcore.InfoLevel, "count_tokens upstream failed, estimating"); ce != nil {
 			if c.err != nil {

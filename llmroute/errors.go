@@ -37,7 +37,7 @@ var (
 	// configuration is wrong, which a retry cannot fix, so 502 and no
 	// Retry-After, like upstream_auth_error.
 	errUpstreamNotFound = apiError{status: http.StatusBadGateway, typ: "server_error", code: "upstream_not_found", message: "every upstream answered 404/405: the proxy's provider url or upstream model name is wrong; see the proxy log"}
-	errUnsupported      = apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unsupported_endpoint", message: "no such endpoint; this proxy serves POST /v1/chat/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens, /v1/embeddings, /v1/completions and GET /v1/models, /v1/models/{id} (each also without the /v1 prefix)"}
+	errUnsupported      = apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unsupported_endpoint", message: "no such endpoint; this proxy serves POST /v1/chat/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens, /v1/embeddings, /v1/completions and GET /v1/models, /v1/models/{id} (each also without the /v1 prefix), and the Gemini API under /v1beta"}
 	errCORSOrigin       = apiError{status: http.StatusForbidden, typ: "invalid_request_error", code: "cors_origin_not_allowed", message: "the request's Origin is not allowed by the proxy's cors setting"}
 	// errNoRule cannot happen: validation gives every effort a catch-all
 	// rule. Should it, the client gets a clear 500, never a panic.
@@ -170,6 +170,7 @@ var refusalReasons = map[string]string{
 	"method_not_allowed":      "method",
 	"cors_origin_not_allowed": "cors",
 	"no_upstream_for_api":     "api_not_served",
+	"stream_needs_sse":        "bad_request",
 	"all_upstreams_busy":      "busy",
 	"all_upstreams_cooling":   "cooling",
 	"queue_full":              "queue_full",

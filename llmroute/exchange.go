@@ -206,6 +206,9 @@ func (ex *exchange) chooseSinks() {
 	ex.out.scanUsage = resp.StatusCode < 300 && identityEncoded(resp)
 	ex.out.usage.Timings = ex.u.timings
 	ex.out.scanFinish = ex.native && ex.out.shape.needFinish && ex.plainSSE && resp.StatusCode < 300
+	if ex.out.scanFinish {
+		ex.out.finish.key = ex.out.shape.finishKey
+	}
 	if ex.translated {
 		ex.chooseTranslator(rewrite)
 		return
@@ -247,8 +250,8 @@ func (ex *exchange) copyResponse() *streamErr {
 		return ex.copyCompletion()
 	}
 	if ex.sse {
-		if ex.h.heartbeat > 0 && ex.plainSSE {
-			ex.out.startHeartbeat(ex.h.heartbeat)
+		if hb := ex.heartbeat(); hb > 0 && ex.plainSSE {
+			ex.out.startHeartbeat(hb)
 		}
 		if ex.u.streamIdle > 0 {
 			ex.w8.prime(ex.u.streamIdle, codeStalled)
@@ -264,6 +267,16 @@ func (ex *exchange) copyResponse() *streamErr {
 		return se // a continuation takes the stream on (resume.go)
 	}
 	return ex.streamFailure(err)
+}
+
+// heartbeat is the period of the stream's keepalive comments, 0 for none:
+// a front whose clients' stream readers fail on a comment line (Gemini's)
+// gets none, native or translated.
+func (ex *exchange) heartbeat() time.Duration {
+	if ex.fr.codec.shape().noHeartbeat {
+		return 0
+	}
+	return ex.h.heartbeat
 }
 
 // errUnfinished: the upstream ended an event stream cleanly before the

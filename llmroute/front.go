@@ -37,6 +37,10 @@ const (
 	frontResponses
 	frontEmbeddings
 	frontCompletions
+	frontGemini            // POST …/v1beta/models/{model}:generateContent, :streamGenerateContent
+	frontGeminiCount       // POST …/v1beta/models/{model}:countTokens
+	frontGeminiModels      // GET …/v1beta/models, …/v1beta/models/{model}
+	frontGeminiUnsupported // under /v1beta, no such endpoint: 404 in Google's shape
 	numFronts
 )
 
@@ -54,6 +58,11 @@ var frontCodecs = [numFronts]codec{
 	frontResponses:   responsesCodec{},
 	frontEmbeddings:  embeddingsCodec{},
 	frontCompletions: completionsCodec{},
+	// The Gemini paths answer in Google's shape, the model list included.
+	frontGemini:            geminiCodec{},
+	frontGeminiCount:       geminiCodec{},
+	frontGeminiModels:      geminiCodec{},
+	frontGeminiUnsupported: geminiCodec{},
 }
 
 // endpoints maps the path below the API root to its front and the methods
@@ -73,9 +82,12 @@ var endpoints = []struct {
 }
 
 // classifyPath returns the front of a request path, the methods it allows,
-// for frontModel the model id, and whether the path sits at the site root
-// (or a mount) rather than under a `/v1` root.
+// for frontModel and the Gemini fronts the model id, and whether the path
+// sits at the site root (or a mount) rather than under a `/v1` root.
 func classifyPath(path string) (f front, allow, id string, root bool) {
+	if f, allow, id, ok := classifyGemini(path); ok {
+		return f, allow, id, false
+	}
 	rest, underV1 := apiRest(path)
 	if !underV1 {
 		rest = path // the site root (or a mount) is an API root too
@@ -169,15 +181,16 @@ func (h *Handler) serveNext(w http.ResponseWriter, r *http.Request, next caddyht
 	return nil
 }
 
-// CORS: what a preflight answer allows. Beyond the four headers
-// the spec names, the preflight also allows the headers the browser asks for
+// CORS: what a preflight answer allows. Beyond the headers the
+// fronts' clients send (Google's SDKs their key and x-goog-api-client),
+// the preflight also allows the headers the browser asks for
 // (Access-Control-Request-Headers): browser SDKs send more (openai-node its
 // x-stainless-* telemetry, anthropic's SDK
 // anthropic-dangerous-direct-browser-access), and a preflight that leaves
 // one out makes the browser refuse the call. The origin is already vetted.
 const (
 	corsMethods = "POST, GET"
-	corsHeaders = "authorization, content-type, x-api-key, anthropic-version"
+	corsHeaders = "authorization, content-type, x-api-key, anthropic-version, x-goog-api-key, x-goog-api-client"
 	// corsExpose lets browser SDKs read what they read in Node: the request
 	// id they surface and the Retry-After they back off by.
 	corsExpose = "x-request-id, retry-after"

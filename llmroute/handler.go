@@ -82,7 +82,8 @@ type Handler struct {
 	// HeartbeatInterval is how long a stream may be silent, after its first
 	// byte reached the client, before the proxy sends an SSE comment
 	// (`: keepalive`) so idle timeouts along the way do not cut it.
-	// Default 15s; 0 disables.
+	// Default 15s; 0 disables. Streams of the Gemini front get none: the
+	// Google SDKs fail on a comment line.
 	HeartbeatInterval *Duration `json:"heartbeat_interval,omitempty"`
 
 	// CORS lists the browser origins allowed to call the API paths, e.g.

@@ -23,6 +23,7 @@ import (
 	"github.com/llm-route/caddy-llm-route/llmroute/placement"
 	"github.com/llm-route/caddy-llm-route/llmroute/transform"
 	"github.com/llm-route/caddy-llm-route/llmroute/wire/anthropic"
+	"github.com/llm-route/caddy-llm-route/llmroute/wire/gemini"
 )
 
 // Defaults of the provider, upstream and handler options.
@@ -174,6 +175,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.table.created = time.Now().Unix()
 	h.table.modelsBody = modelsListBody(h.table.modelList, h.table.created)
 	h.table.anthropicModels = anthropic.ModelsBody(h.table.modelList, time.Unix(h.table.created, 0))
+	h.table.geminiModels = gemini.ModelsBody(h.table.modelList)
 	if err := h.provisionKeys(); err != nil {
 		return err
 	}
@@ -281,6 +283,13 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 			return nil, fmt.Errorf("%s: url: %q is not a valid URL", where, redactURL(base+path))
 		}
 	}
+	// Gemini's paths name the upstream's model.
+	gm := geminiModelURL(base, u.model)
+	for _, g := range geminiURLs {
+		if u.urls[g.ep], err = url.Parse(gm + g.suffix); err != nil {
+			return nil, fmt.Errorf("%s: url: %q is not a valid URL", where, redactURL(gm+g.suffix))
+		}
+	}
 	apis := uc.APIs
 	if len(apis) == 0 {
 		apis = p.APIs
@@ -338,7 +347,11 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	}
 	u.basePatch = providerPatch.Then(upPatch)
 	pr := probeFor(u.apis)
-	probe, err := transform.RewriteRequest(nil, pr.body, &transform.RequestEdit{Model: u.model, Patch: u.basePatch})
+	probeEdit := transform.RequestEdit{Model: u.model, Patch: u.basePatch}
+	if pr.a == apiGemini {
+		probeEdit.Model = "" // in the URL
+	}
+	probe, err := transform.RewriteRequest(nil, pr.body, &probeEdit)
 	if err != nil {
 		return nil, fmt.Errorf("%s: building the probe request: %v", where, err)
 	}
@@ -357,6 +370,7 @@ var probes = []probeSpec{
 	{apiChat, epChat, probeRequest},
 	{apiMessages, epMessages, []byte(`{"model":"","max_tokens":4,"messages":[{"role":"user","content":"2+2=?"}],"stream":true}`)},
 	{apiResponses, epResponses, []byte(`{"model":"","input":"2+2=?","max_output_tokens":16,"stream":true}`)},
+	{apiGemini, epGeminiStream, []byte(`{"contents":[{"role":"user","parts":[{"text":"2+2=?"}]}],"generationConfig":{"maxOutputTokens":4}}`)},
 	{apiCompletions, epCompletions, []byte(`{"model":"","prompt":"2+2=","max_tokens":4,"stream":true}`)},
 	{apiEmbeddings, epEmbeddings, []byte(`{"model":"","input":"2+2=?"}`)},
 }

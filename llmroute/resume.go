@@ -283,7 +283,7 @@ func (c *continuation) try(r *http.Request, rt *route, j int, body []byte, fr *f
 	cl := call{h: h, u: u, r: r, log: h.logger, stream: true, firstByte: u.firstByte, rt: rt, idx: j, pl: fr.place}
 	cl.open(h.attemptContext(r.Context()))
 	defer cl.close()
-	ex.out.restart(cl.limit(), h.heartbeat, ex.plainSSE) // keepalives while this upstream thinks
+	ex.out.restart(cl.limit(), ex.heartbeat(), ex.plainSSE) // keepalives while this upstream thinks
 
 	req := cl.request(u.urls[epChat], out)
 	if u.sessionHdr != "" {

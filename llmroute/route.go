@@ -33,6 +33,7 @@ type routeTable struct {
 	// request reads no rule members and tries no effort suffix.
 	routers         bool
 	anthropicModels []byte // GET …/models with anthropic-version, pre-encoded
+	geminiModels    []byte // GET …/v1beta/models, pre-encoded
 	modelList       []string
 	modelsBody      []byte
 	created         int64

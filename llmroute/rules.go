@@ -655,28 +655,57 @@ func (rs *ruleSet) readAttrs(vals *attrVals, r *http.Request, sh *ruleShape, bod
 // session id); without any, a random key (the weights still hold, per
 // request).
 func (h *Handler) stickyKey(rs *ruleSet, vals *attrVals, r *http.Request, fr *frontReq, body []byte, sp *transform.Spans, key *clientKey) uint64 {
+	k, _ := h.stickyOf(rs, vals, r, fr.codec, body, sp, key, "")
+	return k
+}
+
+// stickyBy is what a weighted choice hashed; explain shows it.
+type stickyBy uint8
+
+const (
+	byUser stickyBy = iota
+	byKey
+	byAffinity
+	byNone // nothing to stick to: random per request
+)
+
+var stickyNames = [...]string{"user", "key", "affinity", "none"}
+
+func (b stickyBy) String() string { return stickyNames[b] }
+
+// stickyOf is stickyKey and what it hashed. given is an affinity key given
+// outright (explain's session=); r may be nil (explain without a request).
+func (h *Handler) stickyOf(rs *ruleSet, vals *attrVals, r *http.Request, c codec, body []byte, sp *transform.Spans,
+	key *clientKey, given string) (uint64, stickyBy) {
 	if u := rs.userAttr; u >= 0 && vals[u].set() {
 		if vals[u].b != nil {
-			return placement.HashBytes(vals[u].b)
+			return placement.HashBytes(vals[u].b), byUser
 		}
-		return placement.HashString(vals[u].s)
+		return placement.HashString(vals[u].s), byUser
 	}
 	if key != nil {
-		return key.idHash
+		return key.idHash, byKey
 	}
-	if s := clientSession(r); s != "" {
-		return placement.HashString(s)
+	if given != "" {
+		return placement.HashString(given), byAffinity
 	}
-	if s := r.Header.Get("X-Session-Id"); s != "" {
-		return placement.HashString(s)
+	if r != nil {
+		if s := clientSession(r); s != "" {
+			return placement.HashString(s), byAffinity
+		}
+		if s := r.Header.Get("X-Session-Id"); s != "" {
+			return placement.HashString(s), byAffinity
+		}
 	}
-	if _, k := fr.codec.prompt().read(body, sp); len(k) > 0 {
-		return placement.HashBytes(k)
+	if len(body) > 0 {
+		if _, k := c.prompt().read(body, sp); len(k) > 0 {
+			return placement.HashBytes(k), byAffinity
+		}
+		if s := c.sessionID(h.led, body, body, nil); s != "" {
+			return placement.HashString(s), byAffinity
+		}
 	}
-	if s := fr.codec.sessionID(h.led, body, body, nil); s != "" {
-		return placement.HashString(s)
-	}
-	return rand.Uint64()
+	return rand.Uint64(), byNone
 }
 
 // ruleField names a router model request's rule in its refusal's log

@@ -28,12 +28,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if f == frontNone || root && !h.claimsAtRoot(r, f, allow, id) {
 		return h.serveNext(w, r, next)
 	}
+	if geminiListing(r, f) {
+		f = frontGeminiModels
+	}
 	setRequestID(w, r)
 	if (h.corsAny || len(h.corsOrigins) > 0) && h.cors(w, r) {
 		return nil
 	}
-	if f == frontUnsupported {
+	switch f {
+	case frontUnsupported:
 		h.refuse(w, r, f, errUnsupported)
+		return nil
+	case frontGeminiUnsupported:
+		h.refuse(w, r, f, errGeminiUnsupported)
 		return nil
 	}
 	if !methodAllowed(allow, r.Method) {
@@ -58,6 +65,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveModel(w, r, id)
 	case frontCountTokens:
 		return h.serveCountTokens(w, r, key)
+	case frontGeminiModels:
+		return h.serveGeminiModels(w, r, id)
+	case frontGeminiCount:
+		return h.serveGeminiCount(w, r, key, id)
 	}
 	return h.serveFront(w, r, f, key)
 }
@@ -94,6 +105,18 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		frontCodecs[f].rules().addSpans(&place.spans)
 	}
 	model, stream, dups, err := transform.ParseRequestKeys(body, h.watchKeys, &place.spans)
+	if m, s, ok := frontCodecs[f].pathTarget(r.URL.Path); ok {
+		// The path names the model and the stream (Gemini): a body's own
+		// "model" or "stream" member is not read.
+		if errors.Is(err, transform.ErrNoModel) {
+			err = nil
+		}
+		model, stream = m, s
+		if stream && err == nil && !geminiStreamSSE(r.URL.RawQuery) {
+			h.refuse(w, r, f, errStreamNeedsSSE)
+			return nil
+		}
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, transform.ErrNoModel):

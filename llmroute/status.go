@@ -120,6 +120,45 @@ type modelStatus struct {
 	// OldestWaitSeconds is how long the oldest queued request has waited
 	// (0: the queue is empty).
 	OldestWaitSeconds float64 `json:"oldest_wait_seconds"`
+	// Rules are a router model's rules, in list order (absent for a plain
+	// model, whose Upstreams are its own; a router's are every upstream
+	// its chains may reach).
+	Rules []ruleStatus `json:"rules,omitempty"`
+}
+
+// ruleStatus is one rule of a router model as configured, with the
+// requests it took.
+type ruleStatus struct {
+	Name     string                `json:"name"`
+	Priority int                   `json:"priority"`
+	Effort   string                `json:"effort,omitempty"` // absent: any
+	Match    map[string]StringList `json:"match,omitempty"`
+	Use      []string              `json:"use"`
+	Weights  []int                 `json:"weights,omitempty"`
+	Shadow   *Shadow               `json:"shadow,omitempty"`
+	// Requests counts the requests the rule took, every effort
+	// (llm_proxy_rule_requests_total), since its series were created.
+	Requests int64 `json:"requests"`
+}
+
+// ruleStatuses reads a router model's rules: the configured fields, and
+// the rule counters of the compiled set (same order).
+func ruleStatuses(m *Model, rs *ruleSet) []ruleStatus {
+	out := make([]ruleStatus, 0, len(m.Rules))
+	for i, rc := range m.Rules {
+		st := ruleStatus{Name: rc.Name, Priority: rc.Priority, Effort: rc.Effort, Match: rc.Match,
+			Use: rc.Use, Weights: rc.Weights, Shadow: rc.Shadow}
+		if i < len(rs.rules) {
+			for _, c := range rs.rules[i].counters {
+				var pb dto.Metric
+				if c != nil && c.Write(&pb) == nil && pb.Counter != nil {
+					st.Requests += int64(pb.Counter.GetValue())
+				}
+			}
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // Cooling reasons.
@@ -189,6 +228,11 @@ func snapshot(now time.Time) statusSnapshot {
 			}
 			for _, t := range rt.targets {
 				ms.Upstreams = append(ms.Upstreams, t.up.ID)
+			}
+			if rt.rules != nil {
+				if i := slices.IndexFunc(h.Models, func(m Model) bool { return m.Name == name }); i >= 0 {
+					ms.Rules = ruleStatuses(&h.Models[i], rt.rules)
+				}
 			}
 			snap.Models = append(snap.Models, ms)
 		}
@@ -434,7 +478,7 @@ type explanation struct {
 	// Outcome says what happens to a request now: "upstream" (sent to
 	// choice), "queue" (waits for a slot), "busy", "cooling" or
 	// "api_not_served" (a 503), "context" (no upstream is large enough:
-	// a 400).
+	// a 400), "model_not_allowed" (a 403 for the client key given).
 	Outcome string `json:"outcome"`
 	// Tokens echoes ?tokens=N (null if not given): the request's size
 	// (prompt plus max_tokens). An upstream whose context_window is
@@ -449,7 +493,14 @@ type explanation struct {
 	// when a pool step needed one; never the key itself.
 	Affinity  string            `json:"affinity,omitempty"`
 	Upstreams []upstreamVerdict `json:"upstreams"`
+	// Rule is, for a router model, the rule a request would match and its
+	// chain (the upstreams above are that chain's).
+	Rule *ruleExplanation `json:"rule,omitempty"`
 }
+
+// outcomeNotAllowed: the client key given (attr=key=ID) may not use the
+// router model, or no model of the matching rule's chain (a 403).
+const outcomeNotAllowed = "model_not_allowed"
 
 // placementVerdict is a pool member's place in the request's placement.
 type placementVerdict struct {
@@ -468,16 +519,6 @@ type upstreamVerdict struct {
 	Detail string `json:"detail"`
 	// Placement is set for a pool member.
 	Placement *placementVerdict `json:"placement,omitempty"`
-}
-
-// findRoute returns the newest running config's route for a model name.
-func findRoute(name string) *route {
-	for _, e := range liveHandlers() {
-		if rt := e.h.table.routes[name]; rt != nil {
-			return rt
-		}
-	}
-	return nil
 }
 
 // explain walks the model's upstreams in order the way admission does

@@ -167,6 +167,17 @@ type streamShape struct {
 	// and no finish reason was seen either (chat: some servers never send
 	// [DONE]), or when needNamedEnd and the stream names its events.
 	needFinish, needNamedEnd bool
+	// finishKey is the member that carries a chunk's finish reason (nil:
+	// chat's "finish_reason").
+	finishKey []byte
+	// noHeartbeat: the API's clients fail on a comment line, so the stream
+	// gets no keepalives.
+	noHeartbeat bool
+	// crlf: events end in "\r\n\r\n" (Google's framing), and an event the
+	// upstream left half-written is closed the same way, since a client
+	// splitting on the first blank line of either kind would glue an
+	// event ending otherwise to the one before it.
+	crlf bool
 	// errorEvent appends the proxy's final error event to ev.
 	errorEvent func(ev []byte, code, message string) []byte
 }
@@ -386,10 +397,15 @@ func (c *clientWriter) writeError(code string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var ev []byte
-	if !c.atBoundary {
+	sh := c.getShape()
+	switch {
+	case c.atBoundary:
+	case sh.crlf:
+		ev = append(ev, "\r\n\r\n"...)
+	default:
 		ev = append(ev, "\n\n"...)
 	}
-	ev = c.getShape().errorEvent(ev, code, streamErrorMessages[code])
+	ev = sh.errorEvent(ev, code, streamErrorMessages[code])
 	// Not bounded by request_timeout, which may be what just passed; a
 	// client that takes nothing gets errorEventWindow at most.
 	timeout := c.timeout
@@ -404,19 +420,18 @@ func (c *clientWriter) writeError(code string) {
 }
 
 // finishScanner finds a chat chunk's finish reason (a "finish_reason" member
-// whose value is a non-empty string) in a stream written to it in pieces.
+// whose value is a non-empty string) in a stream written to it in pieces;
+// with key set, that member instead (Gemini's "finishReason").
 // Inside a JSON string every quote is escaped, so the key with its quotes
 // can only be a member name. The start of a match cut by the end of a
 // piece is kept for the next one.
 type finishScanner struct {
 	seen    bool
+	key     []byte // the member with its quotes; nil: chatFinishKey
 	pending []byte
 }
 
-var (
-	finishKey  = []byte(`"finish_reason"`)
-	finishTail = finishKey[1:]
-)
+var chatFinishKey = []byte(`"finish_reason"`)
 
 // maxFinishPending bounds what is kept of a match cut between pieces (the
 // key and the white space after it).
@@ -429,6 +444,11 @@ func (f *finishScanner) scan(p []byte) {
 		p = append(f.pending[:len(f.pending):len(f.pending)], p...)
 		f.pending = nil
 	}
+	finishKey := f.key
+	if finishKey == nil {
+		finishKey = chatFinishKey
+	}
+	finishTail := finishKey[1:]
 	for {
 		k := bytes.Index(p, finishTail)
 		if k < 0 {

@@ -20,6 +20,7 @@ const (
 	modeMsgNonStream  = "msg-nonstream"  // one Messages JSON from /v1/messages
 	modeMsgTranslated = "msg-translated" // llm_route: chat stream; plain: Messages SSE
 	modeRespTransl    = "resp-translated"
+	modeGeminiTransl  = "gemini-translated" // llm_route: chat stream; plain: Google's SSE
 
 	// clientMsgModel routes to the native Messages upstream; the translated
 	// scenarios ask for clientModel, whose upstream serves only chat.
@@ -28,13 +29,15 @@ const (
 
 // frontPayloads holds the bodies of the front scenarios.
 type frontPayloads struct {
-	reqMsgStream, reqMsgNonStream, reqMsgTranslated, reqResp []byte
+	reqMsgStream, reqMsgNonStream, reqMsgTranslated, reqResp, reqGemini []byte
 
 	msgEvents     [][]byte // the native Messages stream, one write per event
 	msgStreamBody []byte   // msgEvents joined
 	msgCompletion []byte   // the native non-stream Messages body
 	respEvents    [][]byte // the native Responses stream
 	respBody      []byte   // respEvents joined
+	geminiEvents  [][]byte // the native Gemini stream (streamGenerateContent?alt=sse)
+	geminiBody    []byte   // geminiEvents joined
 
 	text string // the answer's text in every scenario
 }
@@ -147,6 +150,38 @@ func newFrontPayloads(pieces []string) *frontPayloads {
 		rev("response.output_item.done", map[string]any{"output_index": 0, "item": item("completed", f.text)}),
 		rev("response.completed", map[string]any{"response": done}))
 	f.respBody = join(f.respEvents)
+
+	// A Gemini CLI turn (its shape: systemInstruction with role user, a
+	// thinking config) and the stream Google sends back: data-only events
+	// framed with CRLF, finishReason and the usage on the last one.
+	f.reqGemini = mustJSON(map[string]any{
+		"contents": []any{
+			map[string]any{"role": "user", "parts": []any{map[string]any{"text": "Here is the handler's hot path. " +
+				"Is there an obvious allocation we could avoid per request?"}}},
+			map[string]any{"role": "model", "parts": []any{map[string]any{"text": "Two candidates: the header " +
+				"clone for the outgoing request and the per-request timer for the first-byte watchdog."}}},
+			map[string]any{"role": "user", "parts": []any{map[string]any{"text": "MaxIdleConnsPerHost is 1024, HTTP/1.1 only. What would you measure next?"}}},
+		},
+		"systemInstruction": map[string]any{"role": "user", "parts": []any{map[string]any{"text": systemPrompt}}},
+		"generationConfig":  map[string]any{"temperature": 0, "maxOutputTokens": 512},
+	})
+	gev := func(data any) []byte { return []byte("data: " + string(mustJSON(data)) + "\r\n\r\n") }
+	cand := func(text string, last bool) map[string]any {
+		c := map[string]any{"content": map[string]any{"role": "model", "parts": []any{map[string]any{"text": text}}}, "index": 0}
+		if last {
+			c["finishReason"] = "STOP"
+		}
+		return c
+	}
+	for i, s := range pieces {
+		ev := map[string]any{"candidates": []any{cand(s, i == len(pieces)-1)}, "modelVersion": "upstream-model",
+			"responseId": "loadbench0001"}
+		if i == len(pieces)-1 {
+			ev["usageMetadata"] = map[string]any{"promptTokenCount": 312, "candidatesTokenCount": 86, "totalTokenCount": 398}
+		}
+		f.geminiEvents = append(f.geminiEvents, gev(ev))
+	}
+	f.geminiBody = join(f.geminiEvents)
 	return f
 }
 
@@ -232,6 +267,51 @@ func validateResponsesStream(body []byte, want string) error {
 	return nil
 }
 
+// validateGeminiStream checks a translated Gemini stream: every event one
+// `data:` line framed as Google frames it (CRLF CRLF: the Google SDKs' stream
+// readers take nothing else), candidates' text parts reassembling to the
+// answer, finishReason only on the last event.
+func validateGeminiStream(body []byte, want string) error {
+	if !bytes.HasSuffix(body, []byte("\r\n\r\n")) {
+		return invalid("gemini: stream does not end with CRLF CRLF: %.60q", body[max(0, len(body)-60):])
+	}
+	var text strings.Builder
+	evs := bytes.Split(bytes.TrimSuffix(body, []byte("\r\n\r\n")), []byte("\r\n\r\n"))
+	for i, raw := range evs {
+		data, ok := bytes.CutPrefix(raw, []byte("data: "))
+		if !ok || bytes.ContainsAny(data, "\r\n") {
+			return invalid("gemini: event %d not one `data:` line: %.60q", i, raw)
+		}
+		var e struct {
+			Candidates []struct {
+				Content struct {
+					Parts []struct {
+						Text    string `json:"text"`
+						Thought bool   `json:"thought"`
+					} `json:"parts"`
+				} `json:"content"`
+				FinishReason string `json:"finishReason"`
+			} `json:"candidates"`
+		}
+		if err := json.Unmarshal(data, &e); err != nil || len(e.Candidates) != 1 {
+			return invalid("gemini: event %d: %d candidates (%v)", i, len(e.Candidates), err)
+		}
+		c := e.Candidates[0]
+		if last := i == len(evs)-1; (c.FinishReason != "") != last {
+			return invalid("gemini: event %d of %d has finishReason %q", i, len(evs), c.FinishReason)
+		}
+		for _, part := range c.Content.Parts {
+			if !part.Thought {
+				text.WriteString(part.Text)
+			}
+		}
+	}
+	if text.String() != want {
+		return invalid("gemini: text %q, want %q", text.String(), want)
+	}
+	return nil
+}
+
 // splitEvent reads `event: name\ndata: json` (the only shape these fronts
 // send).
 func splitEvent(raw []byte) (name string, data []byte, err error) {
@@ -251,8 +331,22 @@ func frontPath(mode string) string {
 		return "/v1/messages"
 	case modeRespTransl:
 		return "/v1/responses"
+	case modeGeminiTransl:
+		return geminiPath
 	}
 	return "/v1/chat/completions"
+}
+
+// geminiPath is the Gemini scenario's client path, as the Google SDKs build
+// it for the model clientModel.
+const geminiPath = "/v1beta/models/" + clientModel + ":streamGenerateContent"
+
+// frontURL is the path and query a scenario's client requests.
+func frontURL(mode string) string {
+	if mode == modeGeminiTransl {
+		return geminiPath + "?alt=sse"
+	}
+	return frontPath(mode)
 }
 
 // isFrontMode reports whether mode is one of the front scenarios'.

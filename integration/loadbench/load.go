@@ -50,6 +50,7 @@ var scenarios = []scenario{
 	{name: "messages-native-nonstream-64", mode: modeMsgNonStream, conns: 64, base: "nonstream-64", cpuLimit: 1.1},
 	{name: "messages-translated-64", mode: modeMsgTranslated, conns: 64, base: "stream-64", cpuLimit: 1.5},
 	{name: "responses-translated-64", mode: modeRespTransl, conns: 64, base: "stream-64", cpuLimit: 1.5},
+	{name: "gemini-translated-64", mode: modeGeminiTransl, conns: 64, base: "stream-64", cpuLimit: 1.5},
 	// The shared state in Redis (redis.go), at the memory scenarios'
 	// concurrency.
 	{name: "redis-nonstream-64", mode: modeNonStream, conns: 64, state: "redis", memory: "nonstream-64", rpsMin: 0.7},
@@ -123,6 +124,8 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 		lr.body = p.fr.reqMsgTranslated
 	case modeRespTransl:
 		lr.body = p.fr.reqResp
+	case modeGeminiTransl:
+		lr.body = p.fr.reqGemini
 	}
 	switch {
 	case target.kind == kindPlain && sc.mode == modeThink:
@@ -145,6 +148,10 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 	}
 	if frontPath(sc.mode) == "/v1/messages" {
 		lr.header["Anthropic-Version"] = []string{"2023-06-01"} // as the Anthropic SDKs send it
+	}
+	if sc.mode == modeGeminiTransl {
+		lr.header["X-Goog-Api-Key"] = []string{"sk-client-key"} // as the Google SDKs send it
+		lr.header["Accept"] = nil
 	}
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -299,7 +306,7 @@ func errKind(err error) string {
 // the time to the first complete SSE event (streams).
 func (lr *loadRun) do(buf []byte, start time.Time) ([]byte, time.Duration, error) {
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost,
-		lr.target.url+frontPath(lr.sc.mode), bytes.NewReader(lr.body))
+		lr.target.url+frontURL(lr.sc.mode), bytes.NewReader(lr.body))
 	if err != nil {
 		return buf, 0, err
 	}
@@ -326,8 +333,8 @@ func (lr *loadRun) do(buf []byte, start time.Time) ([]byte, time.Duration, error
 		if n > 0 {
 			prev := len(buf)
 			buf = buf[:prev+n]
-			if first == 0 && streams(lr.sc.mode) &&
-				bytes.Contains(buf[max(prev-1, 0):], []byte("\n\n")) {
+			if first == 0 && streams(lr.sc.mode) && (bytes.Contains(buf[max(prev-1, 0):], []byte("\n\n")) ||
+				bytes.Contains(buf[max(prev-3, 0):], []byte("\r\n\r\n"))) { // Google's framing
 				first = time.Since(start)
 			}
 		}
@@ -374,6 +381,11 @@ func (lr *loadRun) validate(body []byte) error {
 			return validateResponsesStream(body, lr.p.fr.text)
 		}
 		want = lr.p.fr.respBody
+	case modeGeminiTransl:
+		if lr.target.kind == kindLLM {
+			return validateGeminiStream(body, lr.p.fr.text)
+		}
+		want = lr.p.fr.geminiBody
 	}
 	if bytes.Equal(body, want) {
 		return nil

@@ -466,7 +466,7 @@ func renderReport(env runEnv, r *results, profiles map[string]string) string {
 	}
 	for _, s := range r.scs {
 		if isFrontMode(s.mode) {
-			w("\nFront scenarios: reverse_proxy relays the client's Messages/Responses request to the fake upstream's native endpoint (it cannot translate); in the *-translated ones llm_route turns it into a chat completion and the chat stream back into the client's events, so their ratio is the price of the translation.\n")
+			w("\nFront scenarios: reverse_proxy relays the client's Messages/Responses/Gemini request to the fake upstream's native endpoint (it cannot translate); in the *-translated ones llm_route turns it into a chat completion and the chat stream back into the client's events, so their ratio is the price of the translation.\n")
 			break
 		}
 	}

@@ -77,14 +77,18 @@ func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
 		return
 	}
-	if r.Method != http.MethodPost || path != "/v1/chat/completions" && path != "/v1/messages" && path != "/v1/responses" {
-		http.Error(w, "fake upstream: only POST /v1/chat/completions, /v1/messages, /v1/responses", http.StatusNotFound)
+	gemini := path == geminiPath
+	if r.Method != http.MethodPost || path != "/v1/chat/completions" && path != "/v1/messages" && path != "/v1/responses" && !gemini {
+		http.Error(w, "fake upstream: only POST /v1/chat/completions, /v1/messages, /v1/responses, "+geminiPath, http.StatusNotFound)
 		return
 	}
 	buf := bodyPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	_, err := buf.ReadFrom(r.Body)
 	model := requestModel(buf.Bytes())
+	if gemini {
+		model = []byte(clientModel) // Google's API names the model in the path
+	}
 	bodyPool.Put(buf)
 	if err != nil {
 		return
@@ -102,6 +106,9 @@ func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		completion, events = u.p.fr.msgCompletion, u.p.fr.msgEvents
 	case path == "/v1/responses":
 		events = u.p.fr.respEvents
+	case gemini:
+		// A native Gemini server (reached only through reverse_proxy).
+		events = u.p.fr.geminiEvents
 	case mode == modeThink:
 		events = u.p.thinkEvents
 	}

@@ -15,6 +15,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -28,7 +29,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "llm-route",
-		Usage: "status | explain <model> [--tokens <n>] [--api <api>] [--address <admin>] [--config <path> [--adapter <name>]]",
+		Usage: "status | explain <model> [--tokens <n>] [--api <api>] [--session <key>] [--effort <e>] [--attr <name>=<value>]... [--address <admin>] [--config <path> [--adapter <name>]]",
 		Short: "Shows the llm_route router's live state from the admin API",
 		Long: `
 Reads the llm_route admin API (GET /llm_route/status and /llm_route/explain)
@@ -41,6 +42,12 @@ of a running Caddy and prints tables.
   caddy llm-route explain <model> [--tokens <n>]
       where a request for <model> would go right now, and why each upstream
       would or would not take it. Nothing is claimed.
+
+  caddy llm-route explain auto --effort high --attr language=es
+      for a router model (rules): the rule a request with that effort and
+      those attributes would match, its chain, and where it would go.
+      --attr is repeatable; --attr user=<id> or key=<key id> shows a
+      weighted rule's choice for that user or client key.
 
 The admin address is --address, else the admin listen address of --config,
 else Caddy's default (localhost:2019, or CADDY_ADMIN). The command exits
@@ -73,15 +80,20 @@ non-zero when the admin API is off or cannot be reached.
 					if err != nil {
 						return err
 					}
-					tokens, _ := c.Flags().GetInt64("tokens")
-					api, _ := c.Flags().GetString("api")
-					session, _ := c.Flags().GetString("session")
-					return Explain(c.OutOrStdout(), addr, args[0], tokens, api, session)
+					a := ExplainArgs{Model: args[0]}
+					a.Tokens, _ = c.Flags().GetInt64("tokens")
+					a.API, _ = c.Flags().GetString("api")
+					a.Session, _ = c.Flags().GetString("session")
+					a.Effort, _ = c.Flags().GetString("effort")
+					a.Attrs, _ = c.Flags().GetStringArray("attr")
+					return Explain(c.OutOrStdout(), addr, a)
 				},
 			}
 			explain.Flags().Int64("tokens", -1, "Estimated request size in tokens (prompt plus max_tokens)")
 			explain.Flags().String("api", "", "The client's API: chat (default), messages, responses, embeddings, completions")
 			explain.Flags().String("session", "", "An affinity key (a client's session id): pools rank their members for it")
+			explain.Flags().String("effort", "", "A router model request's effort: low, medium or high")
+			explain.Flags().StringArray("attr", nil, "A router model request's attribute, name=value (repeatable)")
 			cmd.AddCommand(status, explain)
 		},
 	})
@@ -147,11 +159,12 @@ type probes struct {
 }
 
 type explanation struct {
-	Model     string  `json:"model"`
-	API       string  `json:"api"`
-	Choice    *string `json:"choice"`
-	Outcome   string  `json:"outcome"`
-	Affinity  string  `json:"affinity"`
+	Model     string       `json:"model"`
+	API       string       `json:"api"`
+	Choice    *string      `json:"choice"`
+	Outcome   string       `json:"outcome"`
+	Affinity  string       `json:"affinity"`
+	Rule      *ruleVerdict `json:"rule"`
 	Upstreams []struct {
 		ID        string `json:"id"`
 		Verdict   string `json:"verdict"`
@@ -162,6 +175,60 @@ type explanation struct {
 			Reason string `json:"reason"`
 		} `json:"placement"`
 	} `json:"upstreams"`
+}
+
+// ruleVerdict is a router model's rule in an explanation.
+type ruleVerdict struct {
+	Name         string            `json:"name"`
+	Priority     int               `json:"priority"`
+	Effort       string            `json:"effort"`
+	EffortSource string            `json:"effort_source"`
+	Judge        string            `json:"judge"`
+	Attributes   map[string]string `json:"attributes"`
+	Unused       []string          `json:"unused_attributes"`
+	Chain        []string          `json:"chain"`
+	Weighted     *struct {
+		First string `json:"first"`
+		By    string `json:"by"`
+		Key   string `json:"key"`
+	} `json:"weighted"`
+	NotAllowed string `json:"not_allowed"`
+}
+
+// print writes the rule's lines above the upstream table:
+//
+//	rule spanish-high (priority 30), effort high (explain), chain gemini-pro → gpt-4o
+//	attributes: language=es
+func (r *ruleVerdict) print(out io.Writer, model string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "rule %s (priority %d), effort %s (%s), chain %s\n", r.Name, r.Priority, r.Effort, r.EffortSource,
+		strings.Join(r.Chain, " → "))
+	if len(r.Attributes) > 0 {
+		names := make([]string, 0, len(r.Attributes))
+		for n := range r.Attributes {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for i, n := range names {
+			names[i] = n + "=" + r.Attributes[n]
+		}
+		fmt.Fprintf(&b, "attributes: %s\n", strings.Join(names, " "))
+	}
+	for _, n := range r.Unused {
+		fmt.Fprintf(&b, "attribute %s: no rule of %s reads it\n", n, model)
+	}
+	if w := r.Weighted; w != nil {
+		if w.By == "none" {
+			b.WriteString("weighted: no user, client key or session, so the first model is drawn per request\n")
+		} else {
+			fmt.Fprintf(&b, "weighted: first model %s for %s %s (the same every time)\n", w.First, w.By, w.Key)
+		}
+	}
+	if r.Judge != "" {
+		fmt.Fprintf(&b, "judge %s: a request without an effort would ask it; explain says medium\n", r.Judge)
+	}
+	_, err := io.WriteString(out, b.String())
+	return err
 }
 
 // Status prints the status tables of the Caddy whose admin API is at addr.
@@ -231,23 +298,44 @@ func Status(out io.Writer, addr string) error {
 	return tw.Flush()
 }
 
-// Explain prints where a request for model would go now. tokens < 0, api
-// "" and session "" mean not given; a pool member's line adds its place in
-// the pool's ranking and why.
-func Explain(out io.Writer, addr, model string, tokens int64, api, session string) error {
-	q := url.Values{"model": {model}}
-	if session != "" {
-		q.Set("session", session)
+// ExplainArgs are what `caddy llm-route explain` asks about. Tokens < 0
+// and empty strings mean not given.
+type ExplainArgs struct {
+	Model, API, Session string
+	Tokens              int64
+	// Effort and Attrs (name=value) describe a router model's request.
+	Effort string
+	Attrs  []string
+}
+
+// Explain prints where a request for the model would go now. A pool
+// member's line adds its place in the pool's ranking and why; a router
+// model's answer starts with the rule that matches and its chain.
+func Explain(out io.Writer, addr string, a ExplainArgs) error {
+	q := url.Values{"model": {a.Model}}
+	if a.Session != "" {
+		q.Set("session", a.Session)
 	}
-	if tokens >= 0 {
-		q.Set("tokens", strconv.FormatInt(tokens, 10))
+	if a.Tokens >= 0 {
+		q.Set("tokens", strconv.FormatInt(a.Tokens, 10))
 	}
-	if api != "" {
-		q.Set("api", api)
+	if a.API != "" {
+		q.Set("api", a.API)
+	}
+	if a.Effort != "" {
+		q.Set("effort", a.Effort)
+	}
+	for _, at := range a.Attrs {
+		q.Add("attr", at)
 	}
 	var e explanation
 	if err := get(addr, "/llm_route/explain?"+q.Encode(), &e); err != nil {
 		return err
+	}
+	if r := e.Rule; r != nil {
+		if err := r.print(out, e.Model); err != nil {
+			return err
+		}
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tUPSTREAM\tVERDICT\tDETAIL")
@@ -275,6 +363,11 @@ func Explain(out io.Writer, addr, model string, tokens int64, api, session strin
 		verdict = "a request for " + e.Model + " would get 503: every upstream is cooling"
 	case "api_not_served":
 		verdict = "a request for " + e.Model + " would get 503: no upstream serves " + e.API
+	case "model_not_allowed":
+		verdict = "a request for " + e.Model + " with that client key would get 403"
+		if e.Rule != nil {
+			verdict += ": " + e.Rule.NotAllowed
+		}
 	default:
 		verdict = "a request for " + e.Model + " would get 503: every upstream is busy"
 	}
@@ -311,8 +404,10 @@ func describe(addr string, err error) error {
 		} `json:"error"`
 	}
 	switch {
-	case strings.Contains(msg, "HTTP 404") && strings.Contains(msg, "model_not_found"):
-		if i := strings.Index(msg, "{"); i >= 0 && json.Unmarshal([]byte(msg[i:]), &apiErr) == nil {
+	case strings.Contains(msg, "HTTP 404") && strings.Contains(msg, "model_not_found") || strings.Contains(msg, "HTTP 400"):
+		// The router's own refusal (unknown model, a bad effort or attr):
+		// its message says it all.
+		if i := strings.Index(msg, "{"); i >= 0 && json.Unmarshal([]byte(msg[i:]), &apiErr) == nil && apiErr.Error.Message != "" {
 			return errors.New(apiErr.Error.Message)
 		}
 	case strings.Contains(msg, "HTTP 404"):

@@ -13,9 +13,11 @@ import (
 // back. The chat shape
 // (prompt_tokens, completion_tokens, their details), Anthropic's
 // (input_tokens, output_tokens, cache_read_input_tokens; message_start and
-// message_delta) and Responses' (input_tokens, output_tokens, their details)
-// all map onto it. Each field keeps the largest value seen: Anthropic
-// repeats cumulative counts, chat sends its usage once.
+// message_delta), Responses' (input_tokens, output_tokens, their details)
+// and Gemini's usageMetadata (promptTokenCount, cachedContentTokenCount,
+// candidatesTokenCount and thoughtsTokenCount, both output) all map onto
+// it. Each field keeps the largest value seen: Anthropic and Gemini repeat
+// cumulative counts, chat sends its usage once.
 type Usage struct {
 	Input, Output, CachedInput, Reasoning int64
 	Seen                                  bool // a usage object was read
@@ -48,8 +50,11 @@ var (
 )
 
 var (
-	usageKey  = []byte(`"usage"`)
-	usageTail = usageKey[1:]
+	usageWord = []byte("usage")
+	// metaKey is Gemini's "usageMetadata", the longer of the two keys
+	// that start with the word; metaTail what follows the word in it.
+	metaKey  = []byte(`"usageMetadata"`)
+	metaTail = metaKey[len(`"usage`):]
 )
 
 // Reset readies the scanner for another body.
@@ -81,21 +86,22 @@ func (s *UsageScanner) Write(p []byte) {
 	s.scan(p)
 }
 
-// scan reads every usage object in p; one cut at the end is kept pending.
-// It looks for `usage"` rather than `"usage"`: a quote is the most common
-// byte of JSON, so an Index led by it stops at every string, while 'u' is
-// rare enough for the SIMD byte search to carry the scan.
+// scan reads every usage object in p ("usage" or "usageMetadata"); one
+// cut at the end is kept pending. It looks for the word `usage` rather
+// than `"usage`: a quote is the most common byte of JSON, so an Index led
+// by it stops at every string, while 'u' is rare enough for the SIMD byte
+// search to carry the scan.
 func (s *UsageScanner) scan(p []byte) {
 	for {
-		k := bytes.Index(p, usageTail)
+		k := bytes.Index(p, usageWord)
 		if k < 0 {
 			// The key itself may be cut: keep a tail that starts it. (An
 			// SSE event ends in a newline, so this loop rarely runs.)
-			if len(p) == 0 || bytes.IndexByte(usageKey[:len(usageKey)-1], p[len(p)-1]) < 0 {
+			if len(p) == 0 || bytes.IndexByte(usageWord[:len(usageWord)-1], p[len(p)-1]) < 0 && p[len(p)-1] != '"' {
 				return
 			}
-			for n := len(usageKey) - 1; n > 0; n-- {
-				if bytes.HasSuffix(p, usageKey[:n]) {
+			for n := len(usageWord); n > 0; n-- {
+				if bytes.HasSuffix(p, metaKey[:n]) {
 					s.keep(p[len(p)-n:])
 					break
 				}
@@ -105,10 +111,24 @@ func (s *UsageScanner) scan(p []byte) {
 		k-- // the opening quote
 		if k < 0 || p[k] != '"' || (k > 0 && p[k-1] == '\\') {
 			// Not a key, or `\"usage\"` inside a JSON string: text.
-			p = p[k+len(usageKey):]
+			p = p[k+1+len(usageWord):]
 			continue
 		}
-		rest := p[k+len(usageKey):]
+		after := p[k+1+len(usageWord):]
+		klen := 0
+		switch {
+		case len(after) > 0 && after[0] == '"':
+			klen = len(`"usage"`)
+		case bytes.HasPrefix(after, metaTail):
+			klen = len(metaKey)
+		case len(after) < len(metaTail) && bytes.HasPrefix(metaTail, after):
+			s.keep(p[k:]) // the key is not all here yet
+			return
+		default:
+			p = after // "usageFoo": another member
+			continue
+		}
+		rest := p[k+klen:]
 		i := jsonscan.SkipWS(rest, 0)
 		if i < len(rest) && rest[i] != ':' {
 			p = rest
@@ -178,6 +198,9 @@ type rawUsage struct {
 	promptCached, inputCached            int64 // *_tokens_details.cached_tokens
 	completionReasoning, outputReasoning int64 // *_tokens_details.reasoning_tokens
 	cachedSeen                           bool  // a cached count is among them
+	// Gemini's usageMetadata: promptTokenCount, cachedContentTokenCount,
+	// candidatesTokenCount, thoughtsTokenCount.
+	gPrompt, gCached, gCandidates, gThoughts int64
 }
 
 // read takes the counts from one usage object. Nothing else of the object
@@ -192,11 +215,13 @@ func (s *UsageScanner) read(obj []byte) {
 		// Input counts every prompt token, as chat and Responses do.
 		u.input += u.cacheRead + u.cacheCreation
 	}
-	s.Input = max(s.Input, u.prompt, u.input)
-	s.Output = max(s.Output, u.completion, u.output)
-	s.CachedInput = max(s.CachedInput, u.promptCached, u.inputCached, u.cacheRead)
+	s.Input = max(s.Input, u.prompt, u.input, u.gPrompt)
+	// Gemini counts its thoughts apart from the candidates; both are
+	// output, as chat's completion_tokens includes the reasoning.
+	s.Output = max(s.Output, u.completion, u.output, u.gCandidates+u.gThoughts)
+	s.CachedInput = max(s.CachedInput, u.promptCached, u.inputCached, u.cacheRead, u.gCached)
 	s.CacheReported = s.CacheReported || u.cachedSeen
-	s.Reasoning = max(s.Reasoning, u.completionReasoning, u.outputReasoning)
+	s.Reasoning = max(s.Reasoning, u.completionReasoning, u.outputReasoning, u.gThoughts)
 }
 
 // readUsageObject walks the members of obj ('{' … '}'); parent names the
@@ -296,6 +321,15 @@ func usageField(u *rawUsage, parent, key string) *int64 {
 		case "cache_creation_input_tokens":
 			u.anthropic = true
 			return &u.cacheCreation
+		case "promptTokenCount":
+			return &u.gPrompt
+		case "cachedContentTokenCount":
+			u.cachedSeen = true
+			return &u.gCached
+		case "candidatesTokenCount":
+			return &u.gCandidates
+		case "thoughtsTokenCount":
+			return &u.gThoughts
 		}
 	case "prompt_tokens_details", "input_tokens_details":
 		if key == "cached_tokens" {

@@ -27,6 +27,17 @@ func TestUsageScanner(t *testing.T) {
 			Usage{Input: 900, Output: 3, CachedInput: 850, Seen: true, CacheReported: true}, true},
 		{"timings not asked for", []string{`{"usage":{"prompt_tokens":900,"completion_tokens":3},"timings":{"cache_n":850,"prompt_n":50}}`},
 			Usage{Input: 900, Output: 3, Seen: true}, false},
+		{"gemini stream split", []string{
+			"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hi\"}],\"role\":\"model\"},\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":10,\"candidatesTokenCount\":1,\"totalTokenCount\":11}}\r\n\r\n",
+			"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"!\"}],\"role\":\"model\"},\"finishReason\":\"STOP\",\"index\":0}],\"usageMeta",
+			"data\":{\"promptTokenCount\":10,\"candidatesTokenCount\":5,\"totalTokenCount\":17,\"cachedContentTokenCount\":4,\"promptTokensDetails\":[{\"modality\":\"TEXT\",\"tokenCount\":10}],\"thoughtsTokenCount\":2}}\r\n\r\n"},
+			Usage{Input: 10, Output: 7, CachedInput: 4, Reasoning: 2, Seen: true, CacheReported: true}, false},
+		{"gemini key cut in the word", []string{`{"candidates":[],"usa`, `geMetadata":{"promptTokenCount":6,"candidatesTokenCount":2}}`},
+			Usage{Input: 6, Output: 2, Seen: true}, false},
+		{"gemini key cut after the quote", []string{`{"candidates":[],"`, `usageMetadata":{"promptTokenCount":6,"candidatesTokenCount":2}}`},
+			Usage{Input: 6, Output: 2, Seen: true}, false},
+		{"another usage member", []string{`{"usageStats":{"prompt_tokens":5},"usage":{"prompt_tokens":1,"completion_tokens":1}}`},
+			Usage{Input: 1, Output: 1, Seen: true}, false},
 		{"text mentioning usage", []string{`{"choices":[{"message":{"content":"the \"usage\": {\"prompt_tokens\":99}"}}]}`}, Usage{}, false},
 	}
 	for _, c := range cases {

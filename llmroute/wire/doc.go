@@ -15,5 +15,6 @@
 // edits (anthropic.StripBillingBlock).
 //
 //	anthropic/   Anthropic Messages ⇄ chat
+//	gemini/      Google Gemini API (generateContent) ⇄ chat
 //	responses/   OpenAI Responses ⇄ chat
 package wire

@@ -1,0 +1,6 @@
+//go:build race
+
+package gemini
+
+// raceEnabled skips allocation assertions: the race detector allocates.
+const raceEnabled = true
