@@ -146,9 +146,22 @@ func TestJudgeAnswerPicksRule(t *testing.T) {
 			t.Errorf("%s: judge got %q, want %q", c.f.name, got, c.want)
 		}
 	}
+	// Gemini: the last user turn's text parts (the name carries no effort
+	// here: the path's model is the router model itself).
+	before := len(clf.Calls())
+	resp := s.p.do(http.MethodPost, "/v1beta/models/auto:generateContent",
+		`{"contents":[{"role":"user","parts":[{"text":"gem q"}]}]}`, "Content-Type", "application/json")
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("gemini: %d %s", resp.StatusCode, b)
+	}
+	expectRoute(t, resp, "r-high", "high (judge)", "m-high")
+	if asked = s.asked(t); len(asked) != before+1 || asked[before].Messages[1].Content != "gem q" {
+		t.Errorf("gemini: judge asked %d times (want %d), last %+v", len(asked), before+1, asked[len(asked)-1])
+	}
+
 	// A long message is cut to 4 KiB, whole characters only.
 	long := strings.Repeat("é", 5000)
-	resp := s.send(t, ruleFronts[0], false, fmt.Sprintf(`{"model":"auto","messages":[{"role":"user","content":%q}]}`, long))
+	resp = s.send(t, ruleFronts[0], false, fmt.Sprintf(`{"model":"auto","messages":[{"role":"user","content":%q}]}`, long))
 	expectRoute(t, resp, "r-high", "high (judge)", "m-high")
 	asked = s.asked(t)
 	if got := asked[len(asked)-1].Messages[1].Content; len(got) > 4096 || len(got) < 4000 || !utf8.ValidString(got) || !strings.HasPrefix(long, got) {

@@ -309,7 +309,7 @@ func (nativeOnly) rules() *ruleShape                      { return &nativeRules 
 
 // nativeRules: a top-level user, no effort; completions' prompt is what
 // the judge reads (embeddings have none).
-var nativeRules = ruleShape{user: "user", said: [2]string{"prompt"}}
+var nativeRules = ruleShape{user: "user", said: [3]string{"prompt"}}
 
 // nativePrompt: completions' prompt, embeddings' input.
 var nativePrompt = promptShape{parts: [3]string{"prompt", "input"}}

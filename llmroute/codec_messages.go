@@ -25,7 +25,7 @@ func (messagesCodec) shape() *streamShape            { return &messagesShape }
 func (messagesCodec) rules() *ruleShape { return &messagesRules }
 
 var messagesRules = ruleShape{effort: [2]string{"output_config", "effort"}, budget: [2]string{"thinking", "budget_tokens"}, userIn: "user_id",
-	said: [2]string{"messages", "text"}}
+	said: [3]string{"messages", "content", "text"}}
 
 func (messagesCodec) prompt() *promptShape { return &messagesPrompt }
 

@@ -235,8 +235,8 @@ func judgeVerdict(answer []byte) effort {
 // lastUserText is the text of the request's last user message that has
 // any, decoded, its parts joined by newlines and cut to judgeMaxText. The
 // codec's shape says where it is (ruleShape.said): a string member (a
-// Responses input, a completions prompt), or an array of messages whose
-// content is a string or a list of parts. nil when there is none
+// Responses input, a completions prompt), or an array of messages (turns)
+// whose content is a string or a list of parts. nil when there is none
 // (embeddings, a conversation of tool results only).
 func lastUserText(sh *ruleShape, body []byte) []byte {
 	if sh.said[0] == "" {
@@ -246,23 +246,23 @@ func lastUserText(sh *ruleShape, body []byte) []byte {
 	if jsonscan.IsString(v) {
 		return boundText(jsonscan.AppendStringValue(nil, v))
 	}
-	return lastUserOf(v, sh.said[1])
+	return lastUserOf(v, sh.said[1], sh.said[2])
 }
 
-// lastUserOf finds, in an array of messages (role, content), the last one
-// of role user with text: a string content, or the parts of type
-// partType.
-func lastUserOf(msgs []byte, partType string) []byte {
+// lastUserOf finds, in an array of messages, the last one of role user
+// (or of no role: a Gemini turn may leave it out) with text in its member
+// content: a string, or the parts of type partType.
+func lastUserOf(msgs []byte, content, partType string) []byte {
 	if len(msgs) == 0 || msgs[0] != '[' {
 		return nil
 	}
 	var last []byte
 	jsonscan.EachElem(msgs, 0, func(vs, ve int) bool {
 		m := msgs[vs:ve]
-		if !jsonscan.StrIs(jsonscan.ObjGet(m, "role"), true, "user") {
+		if role := jsonscan.ObjGet(m, "role"); role != nil && !jsonscan.StrIs(role, true, "user") {
 			return true
 		}
-		if t := userText(jsonscan.ObjGet(m, "content"), partType); len(t) > 0 {
+		if t := userText(jsonscan.ObjGet(m, content), partType); len(t) > 0 {
 			last = t
 		}
 		return true
@@ -271,7 +271,7 @@ func lastUserOf(msgs []byte, partType string) []byte {
 }
 
 // userText is a message content's text: a string, or its parts of type
-// partType joined by newlines, cut to judgeMaxText.
+// partType ("": any part) joined by newlines, cut to judgeMaxText.
 func userText(content []byte, partType string) []byte {
 	if jsonscan.IsString(content) {
 		return boundText(jsonscan.AppendStringValue(nil, content))
@@ -282,7 +282,7 @@ func userText(content []byte, partType string) []byte {
 	var out []byte
 	jsonscan.EachElem(content, 0, func(vs, ve int) bool {
 		p := content[vs:ve]
-		if !jsonscan.StrIs(jsonscan.ObjGet(p, "type"), true, partType) {
+		if partType != "" && !jsonscan.StrIs(jsonscan.ObjGet(p, "type"), true, partType) {
 			return true
 		}
 		txt := jsonscan.ObjGet(p, "text")

@@ -47,6 +47,9 @@ func TestJudgeLastUserText(t *testing.T) {
 		{&responsesRules, `{"input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},{"role":"assistant","content":[{"type":"output_text","text":"a"}]}]}`, "q"},
 		{&nativeRules, `{"prompt":"complete me"}`, "complete me"},
 		{&nativeRules, `{"input":["embed me"]}`, ""},
+		{&geminiRules, `{"contents":[{"role":"user","parts":[{"text":"g1"},{"inlineData":{"mimeType":"image/png","data":""}},{"text":"g2"}]},{"role":"model","parts":[{"text":"m"}]}]}`, "g1\ng2"},
+		{&geminiRules, `{"contents":[{"parts":[{"text":"no role"}]}]}`, "no role"},
+		{&chatRules, `{"messages":[{"role":"user","content":"u"},{"role":"tool","content":"t"}]}`, "u"},
 	}
 	for _, c := range cases {
 		if got := string(lastUserText(c.sh, []byte(c.body))); got != c.want {

@@ -134,10 +134,11 @@ type ruleShape struct {
 	// user is the top-level user member; userIn, the member of metadata
 	// that is the user (Messages' user_id).
 	user, userIn string
-	// said is where the judge reads the user's last words: a top-level
-	// member holding a string or an array of messages, and the type of
-	// the text parts of a message's content (judge.go).
-	said [2]string
+	// said is where the judge reads the user's last words (judge.go): a
+	// top-level member holding a string or an array of messages, the
+	// member of a message that holds its content (a string or a list of
+	// parts), and the type of its text parts ("": any part with a text).
+	said [3]string
 }
 
 // addSpans names the members the rules read in the request's parse.
