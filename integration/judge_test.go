@@ -53,9 +53,9 @@ func startJudge(t *testing.T, deadline string, limits map[string]int, extra ...a
 	return s
 }
 
-// judgeCount is llm_proxy_judge_requests_total of auto for one result.
+// judgeCount is llm_proxy_judge_total of auto for one result.
 func (s *judgeSetup) judgeCount(result string) float64 {
-	return s.p.metric("llm_proxy_judge_requests_total", "model", "auto", "result", result)
+	return s.p.metric("llm_proxy_judge_total", "model", "auto", "result", result)
 }
 
 // judgeAsked is the judge question the judge upstream saw: its body.
@@ -113,7 +113,7 @@ func TestJudgeAnswerPicksRule(t *testing.T) {
 		}
 	}
 	if n := s.judgeCount("high"); n != 6 {
-		t.Errorf("llm_proxy_judge_requests_total{result=high} = %v, want 6", n)
+		t.Errorf("llm_proxy_judge_total{result=high} = %v, want 6", n)
 	}
 
 	// The last user message with text, parts joined; a tool-result-only
@@ -226,7 +226,7 @@ func TestJudgeUnclearAnswerIsMedium(t *testing.T) {
 	}
 	for _, r := range []string{"unparsable", "error"} {
 		if n := s.judgeCount(r); n != want[r] {
-			t.Errorf("llm_proxy_judge_requests_total{result=%s} = %v, want %v", r, n, want[r])
+			t.Errorf("llm_proxy_judge_total{result=%s} = %v, want %v", r, n, want[r])
 		}
 	}
 	if n := len(clf.Calls()); n != 3*len(cases) {
@@ -297,7 +297,7 @@ func TestJudgeLateIsMedium(t *testing.T) {
 		}
 	}
 	if got := s.judgeCount("late"); got != float64(n) {
-		t.Errorf("llm_proxy_judge_requests_total{result=late} = %v, want %d", got, n)
+		t.Errorf("llm_proxy_judge_total{result=late} = %v, want %d", got, n)
 	}
 	eventually(t, 5*time.Second, "judge requests cancelled and their slots freed", func() bool {
 		return clf.inflight.Load() == 0 && s.p.upstreamGauge("inflight", "u-clf", "p-clf") == 0
@@ -326,9 +326,9 @@ func TestJudgeNotAskedWhenEffortPinned(t *testing.T) {
 	}
 	// Every result's series exists from the start, at 0.
 	for _, r := range []string{"low", "medium", "high", "late", "error", "unparsable", "busy", "empty", "cancelled"} {
-		v, ok := s.p.metricValue(series("llm_proxy_judge_requests_total", "model", "auto", "result", r))
+		v, ok := s.p.metricValue(series("llm_proxy_judge_total", "model", "auto", "result", r))
 		if !ok || v != 0 {
-			t.Errorf("llm_proxy_judge_requests_total{result=%s} = %v (present %v), want 0", r, v, ok)
+			t.Errorf("llm_proxy_judge_total{result=%s} = %v (present %v), want 0", r, v, ok)
 		}
 	}
 	// No user text (an image only): nothing to judge, not asked.
@@ -338,7 +338,7 @@ func TestJudgeNotAskedWhenEffortPinned(t *testing.T) {
 		t.Errorf("judge asked %d times for a request without text, want 0", n)
 	}
 	if n := s.judgeCount("empty"); n != 1 {
-		t.Errorf("llm_proxy_judge_requests_total{result=empty} = %v, want 1", n)
+		t.Errorf("llm_proxy_judge_total{result=empty} = %v, want 1", n)
 	}
 }
 
@@ -365,7 +365,7 @@ func TestJudgeBusyIsNotWaitedFor(t *testing.T) {
 		t.Errorf("judge upstream saw %d requests, want 1 (the client's)", n)
 	}
 	if n := s.judgeCount("busy"); n != 1 {
-		t.Errorf("llm_proxy_judge_requests_total{result=busy} = %v, want 1", n)
+		t.Errorf("llm_proxy_judge_total{result=busy} = %v, want 1", n)
 	}
 	held.open()
 	if r := await(t, bg); r.status != http.StatusOK {
@@ -389,7 +389,7 @@ func TestJudgeBusyIsNotWaitedFor(t *testing.T) {
 		t.Errorf("judge asked while a client was queued (%d calls to its upstream, want 1)", n)
 	}
 	if n := s.judgeCount("busy"); n != 2 {
-		t.Errorf("llm_proxy_judge_requests_total{result=busy} = %v, want 2", n)
+		t.Errorf("llm_proxy_judge_total{result=busy} = %v, want 2", n)
 	}
 	lowGate.open()
 	for _, ch := range []<-chan result{first, second} {

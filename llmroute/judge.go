@@ -59,7 +59,7 @@ const judgeMaxAnswer = 64 << 10
 // stray space, newline or period.
 const judgeMaxTokens = 8
 
-// Judge results, the result label of llm_proxy_judge_requests_total.
+// Judge results, the result label of llm_proxy_judge_total.
 const (
 	judgeLow        = "low"        // answered low
 	judgeMedium     = "medium"     // answered medium
@@ -80,7 +80,7 @@ type judge struct {
 	model    string
 	rt       *route // the judge model's chat route
 	deadline time.Duration
-	// counters are llm_proxy_judge_requests_total of the router model, by
+	// counters are llm_proxy_judge_total of the router model, by
 	// result.
 	counters map[string]prometheus.Counter
 }

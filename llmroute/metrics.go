@@ -71,7 +71,7 @@ func getMetrics() *routeMetrics {
 				Help: "Requests to router models, by the rule that took them and the request's effort (low, medium, high); refused ones included.",
 			}, []string{"model", "rule", "effort"}),
 			judge: prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "llm_proxy_judge_requests_total",
+				Name: "llm_proxy_judge_total",
 				Help: "Questions to router models' judges (experimental), by result: low, medium, high (the answer, taken); late, error, unparsable (medium instead); busy (no slot free at once, not asked), empty (no user text, not asked), cancelled (the client left).",
 			}, []string{"model", "result"}),
 			vis: newVisibilityMetrics(),
