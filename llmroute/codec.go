@@ -307,8 +307,9 @@ func (nativeOnly) shape() *streamShape                    { return &defaultShape
 func (nativeOnly) prompt() *promptShape                   { return &nativePrompt }
 func (nativeOnly) rules() *ruleShape                      { return &nativeRules }
 
-// nativeRules: a top-level user, no effort.
-var nativeRules = ruleShape{user: "user"}
+// nativeRules: a top-level user, no effort; completions' prompt is what
+// the judge reads (embeddings have none).
+var nativeRules = ruleShape{user: "user", said: [3]string{"prompt"}}
 
 // nativePrompt: completions' prompt, embeddings' input.
 var nativePrompt = promptShape{parts: [3]string{"prompt", "input"}}

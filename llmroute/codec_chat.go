@@ -23,7 +23,7 @@ func (chatCodec) shape() *streamShape { return &chatShape }
 // rules: where the effort and the user are (router models).
 func (chatCodec) rules() *ruleShape { return &chatRules }
 
-var chatRules = ruleShape{effort: [2]string{"reasoning_effort"}, user: "user"}
+var chatRules = ruleShape{effort: [2]string{"reasoning_effort"}, user: "user", said: [3]string{"messages", "content", "text"}}
 
 func (chatCodec) prompt() *promptShape { return &chatPrompt }
 

@@ -34,7 +34,9 @@ func (geminiCodec) shape() *streamShape            { return &geminiShape }
 // (models/auto:high:generateContent) and its attributes from headers.
 func (geminiCodec) rules() *ruleShape { return &geminiRules }
 
-var geminiRules = ruleShape{}
+// geminiRules: no effort or user in the body; the judge reads the last
+// user turn's text parts.
+var geminiRules = ruleShape{said: [3]string{"contents", "parts"}}
 
 // prompt: a Gemini body carries no affinity key of the client's.
 func (geminiCodec) prompt() *promptShape { return &geminiPrompt }

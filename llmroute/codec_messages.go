@@ -24,7 +24,8 @@ func (messagesCodec) shape() *streamShape            { return &messagesShape }
 // rules: where the effort and the user are (router models).
 func (messagesCodec) rules() *ruleShape { return &messagesRules }
 
-var messagesRules = ruleShape{effort: [2]string{"output_config", "effort"}, budget: [2]string{"thinking", "budget_tokens"}, userIn: "user_id"}
+var messagesRules = ruleShape{effort: [2]string{"output_config", "effort"}, budget: [2]string{"thinking", "budget_tokens"}, userIn: "user_id",
+	said: [3]string{"messages", "content", "text"}}
 
 func (messagesCodec) prompt() *promptShape { return &messagesPrompt }
 

@@ -26,7 +26,7 @@ func (responsesCodec) shape() *streamShape            { return &responsesShape }
 // rules: where the effort and the user are (router models).
 func (responsesCodec) rules() *ruleShape { return &responsesRules }
 
-var responsesRules = ruleShape{effort: [2]string{"reasoning", "effort"}, user: "user"}
+var responsesRules = ruleShape{effort: [2]string{"reasoning", "effort"}, user: "user", said: [3]string{"input", "content", "input_text"}}
 
 func (responsesCodec) prompt() *promptShape { return &responsesPrompt }
 

@@ -404,14 +404,24 @@ type Shadow struct {
 	Fraction float64 `json:"fraction,omitempty"`
 }
 
-// Judge is the model asked for the effort of a request that pins none.
+// Judge is the model asked for the effort of a request that pins none
+// (EXPERIMENTAL: its question and the way its answer is read may change).
+// It is asked only when neither the name's suffix nor a body field gives
+// an effort, with the request's last user message (its first 4 KiB) and a
+// fixed question; an answer of exactly low, medium or high (case, white
+// space and a final period ignored) within the deadline is the effort,
+// anything else leaves the request at medium. It takes a slot of the
+// judge model's upstreams only when one is free at once and no request
+// waits in a queue (else it is not asked), is sent once, and never puts
+// an upstream into backoff. The request goes on in every case.
 type Judge struct {
 	// Model is the plain model asked; it needs an upstream that serves
-	// chat. Required.
+	// chat. Required; no default.
 	Model string `json:"model"`
 
-	// Deadline bounds the judge's answer; a later one counts as no answer
-	// (medium). From 1ms to 10s. Default 250ms.
+	// Deadline bounds the judge's answer, and so the latency it adds to a
+	// request: a later answer counts as none (medium). From 1ms to 10s.
+	// Default 250ms.
 	Deadline *Duration `json:"deadline,omitempty"`
 }
 

@@ -32,7 +32,9 @@ type routeMetrics struct {
 	// shadows counts shadow copies by shadow model and result (shadow.go).
 	shadows *prometheus.CounterVec
 	// rules counts router model requests by rule and effort (rules.go).
-	rules    *prometheus.CounterVec
+	rules *prometheus.CounterVec
+	// judge counts router models' judge questions by result (judge.go).
+	judge    *prometheus.CounterVec
 	byReason map[string]prometheus.Counter
 	state    stateCollector
 	vis      visibilityMetrics // usage.go
@@ -74,6 +76,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_shadow_requests_total",
 				Help: "Shadow copies of router model requests, by the shadow model and result: an attempt result (ok, 4xx, 5xx, timeout, cancelled, …), or not sent: busy (no slot free at once, or a client waiting), dropped (too many copies running), skipped (the model cannot take the request).",
 			}, []string{"model", "result"}),
+			judge: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_judge_total",
+				Help: "Questions to router models' judges (experimental), by result: low, medium, high (the answer, taken); late, error, unparsable (medium instead); busy (no slot free at once, not asked), empty (no user text, not asked), cancelled (the client left).",
+			}, []string{"model", "result"}),
 			vis: newVisibilityMetrics(),
 		}
 		// Every reason's series exists from the start (at 0), so that a
@@ -101,7 +107,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.judge, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -251,6 +257,7 @@ type liveSeries struct {
 	members   map[[2]string]bool // pool, upstream
 	rules     map[[2]string]bool // router model, rule
 	shadows   map[string]bool    // shadow models
+	judged    map[string]bool    // router models with a judge
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -263,6 +270,7 @@ func seriesOf(g *generation) liveSeries {
 		members:   make(map[[2]string]bool),
 		rules:     make(map[[2]string]bool),
 		shadows:   make(map[string]bool),
+		judged:    make(map[string]bool),
 	}
 	if g == nil {
 		return s
@@ -286,6 +294,9 @@ func seriesOf(g *generation) liveSeries {
 					if ru.shadowSend != nil {
 						s.shadows[ru.shadowSend.model] = true
 					}
+				}
+				if rt.rules.judging != nil {
+					s.judged[rt.name] = true
 				}
 			}
 			s.models[rt.name] = true
@@ -324,6 +335,9 @@ func pruneSeries(g *generation) {
 	})
 	deleteSeries(m.shadows, func(l prometheus.Labels) bool {
 		return live.shadows[l["model"]]
+	})
+	deleteSeries(m.judge, func(l prometheus.Labels) bool {
+		return live.judged[l["model"]]
 	})
 	m.vis.prune(live)
 	pruneKeySeries(live.keys)

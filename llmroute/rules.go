@@ -134,6 +134,11 @@ type ruleShape struct {
 	// user is the top-level user member; userIn, the member of metadata
 	// that is the user (Messages' user_id).
 	user, userIn string
+	// said is where the judge reads the user's last words (judge.go): a
+	// top-level member holding a string or an array of messages, the
+	// member of a message that holds its content (a string or a list of
+	// parts), and the type of its text parts ("": any part with a text).
+	said [3]string
 }
 
 // addSpans names the members the rules read in the request's parse.
@@ -156,9 +161,10 @@ type ruleSet struct {
 	// catch-all (validated).
 	byEffort [numEfforts][]*rule
 	rules    []*rule // list order
-	// judge is the judge's model, "" for none (asking it is a later
-	// addition; see askJudge).
-	judge string
+	// judge is the judge's model, "" for none; judging asks it
+	// (judge.go).
+	judge   string
+	judging *judge
 }
 
 // attrSpec is one attribute the rules read.
@@ -350,6 +356,7 @@ func (h *Handler) compileRules() error {
 				return fmt.Errorf("llm_route config: model %q: judge: model %q has no upstream that serves chat", m.Name, j.Model)
 			}
 			rs.judge = j.Model
+			rs.judging = h.newJudge(m.Name, j, h.table.apiRoutes[apiChat][j.Model])
 		}
 		// The router's own route: every model it may use, for status,
 		// count_tokens and the key listing.
@@ -417,7 +424,9 @@ func (h *Handler) resolveRule(w http.ResponseWriter, r *http.Request, fr *frontR
 	if e == effortNone {
 		e, src = sh.fieldEffort(body, sp), srcField
 	}
-	if e == effortNone && rs.judge != "" {
+	// A key that may not use the router model is refused later: its
+	// request is not worth a question the operator pays for.
+	if e == effortNone && rs.judging != nil && (key == nil || key.allows(rs.model)) {
 		if e = h.askJudge(r, rs, fr, body); e != effortNone {
 			src = srcJudge
 		}
@@ -530,13 +539,6 @@ func (h *Handler) narrowChains(k *clientKey) {
 			}
 		}
 	}
-}
-
-// askJudge asks the router's judge for the effort of a request that pins
-// none. The judge is not wired yet: it gives no answer, and the request
-// is medium (default).
-func (h *Handler) askJudge(r *http.Request, rs *ruleSet, fr *frontReq, body []byte) effort {
-	return effortNone
 }
 
 // spanValue is the value a span notes, nil when absent.
