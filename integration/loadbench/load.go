@@ -41,6 +41,9 @@ type scenario struct {
 var scenarios = []scenario{
 	{name: "nonstream-16", mode: modeNonStream, conns: 16, throughput: true},
 	{name: "nonstream-64", mode: modeNonStream, conns: 64, throughput: true},
+	// nonstream-64 through a router model (its rule resolution); llm_route
+	// only: the baseline build may predate router models.
+	{name: "router-nonstream-64", mode: modeRouter, conns: 64, base: "nonstream-64", cpuLimit: 1.05},
 	{name: "stream-16", mode: modeStream, conns: 16, throughput: true},
 	{name: "stream-64", mode: modeStream, conns: 64, throughput: true},
 	{name: "paced-32", mode: modePaced, conns: 32},
@@ -58,7 +61,9 @@ var scenarios = []scenario{
 }
 
 // streams reports whether a mode's answer is an event stream.
-func streams(mode string) bool { return mode != modeNonStream && mode != modeMsgNonStream }
+func streams(mode string) bool {
+	return mode != modeNonStream && mode != modeMsgNonStream && mode != modeRouter
+}
 
 // runResult is the measurement of one scenario against one target.
 type runResult struct {
@@ -120,6 +125,8 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 		lr.body = p.fr.reqMsgStream
 	case modeMsgNonStream:
 		lr.body = p.fr.reqMsgNonStream
+	case modeRouter:
+		lr.body = p.reqRouter
 	case modeMsgTranslated:
 		lr.body = p.fr.reqMsgTranslated
 	case modeRespTransl:
@@ -128,6 +135,8 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 		lr.body = p.fr.reqGemini
 	}
 	switch {
+	case target.kind == kindPlain && sc.mode == modeRouter:
+		lr.echo = routerModel
 	case target.kind == kindPlain && sc.mode == modeThink:
 		lr.echo = clientThinkModel
 	case target.kind == kindPlain && (sc.mode == modeMsgNative || sc.mode == modeMsgNonStream):
@@ -352,7 +361,7 @@ func (lr *loadRun) do(buf []byte, start time.Time) ([]byte, time.Duration, error
 func (lr *loadRun) validate(body []byte) error {
 	var want []byte
 	switch lr.sc.mode {
-	case modeNonStream:
+	case modeNonStream, modeRouter:
 		if !bytes.Equal(body, lr.p.completion) {
 			return invalid("non-stream body differs (%d bytes, want %d)", len(body), len(lr.p.completion))
 		}

@@ -130,7 +130,7 @@ func run(c *config) (int, error) {
 	}
 	defer up.close()
 
-	llm, err := startProxy(c.caddyBin, outDir, kindLLM, kindLLM, c.proxyCPU, llmHandler(up.url))
+	llm, err := startProxy(c.caddyBin, outDir, kindLLM, kindLLM, c.proxyCPU, llmHandler(up.url, true))
 	if err != nil {
 		return 0, err
 	}
@@ -144,7 +144,7 @@ func run(c *config) (int, error) {
 	// The baseline: the same llm_route config from the previous build.
 	var base *proxyProc
 	if c.baseBin != "" {
-		if base, err = startProxy(c.baseBin, outDir, kindLLM, kindBaseName, c.proxyCPU, llmHandler(up.url)); err != nil {
+		if base, err = startProxy(c.baseBin, outDir, kindLLM, kindBaseName, c.proxyCPU, llmHandler(up.url, false)); err != nil {
 			return 0, err
 		}
 		defer base.stop()
@@ -175,7 +175,7 @@ func run(c *config) (int, error) {
 		return llm
 	}
 	driveOf := func(sc scenario) []*proxyProc {
-		if base != nil && sc.state == "" {
+		if base != nil && sc.state == "" && sc.mode != modeRouter {
 			return []*proxyProc{llmFor(sc), plain, base}
 		}
 		return []*proxyProc{llmFor(sc), plain}

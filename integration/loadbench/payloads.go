@@ -10,6 +10,9 @@ import (
 // header (both proxies forward client headers unchanged).
 const (
 	modeNonStream = "nonstream" // one ~600 B chat.completion
+	// modeRouter: the non-stream request to the router model (routerModel):
+	// what a rule costs on top of a plain model.
+	modeRouter = "router"
 	modeStream    = "stream"    // 24 chunk events + [DONE], no delay
 	modePaced     = "paced"     // think time, then 24 events apart
 	modeThink     = "think"     // like stream, <think> tags split across chunks
@@ -26,7 +29,7 @@ const streamEvents = 24
 // payloads holds every body of the benchmark, encoded once at start-up.
 type payloads struct {
 	// Client request bodies (model "bench" or "bench-think").
-	reqNonStream, reqStream, reqThink []byte
+	reqNonStream, reqStream, reqThink, reqRouter []byte
 
 	// Upstream response bodies.
 	completion  []byte   // non-stream body
@@ -45,6 +48,9 @@ type payloads struct {
 const (
 	clientModel      = "bench"
 	clientThinkModel = "bench-think"
+	// routerModel is a router model with one catch-all rule whose chain is
+	// clientModel's, asked for with an effort suffix.
+	routerModel = "auto:medium"
 	realModel        = "real-model"
 	realThinkModel   = "think-model"
 )
@@ -101,6 +107,7 @@ func newPayloads() *payloads {
 		return b
 	}
 	p.reqNonStream = req(clientModel, false)
+	p.reqRouter = req(routerModel, false)
 	p.reqStream = req(clientModel, true)
 	p.reqThink = req(clientThinkModel, true)
 

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -56,8 +57,20 @@ func caddyConfig(port, adminPort int, handler map[string]any) ([]byte, error) {
 
 // llmHandler is the llm_route handler: model "bench" → upstream model
 // "real-model" (think_tags off: bytes pass through), and "bench-think" →
-// "think-model" with think_tags split.
-func llmHandler(upstreamURL string) map[string]any {
+// "think-model" with think_tags split. router adds the router model "auto"
+// (one catch-all rule using "bench"), which builds before router models
+// cannot load.
+func llmHandler(upstreamURL string, router bool) map[string]any {
+	h := llmHandlerBase(upstreamURL)
+	if router {
+		name, _, _ := strings.Cut(routerModel, ":")
+		h["models"] = append(h["models"].([]any), map[string]any{"name": name,
+			"rules": []any{map[string]any{"name": "all", "use": []string{clientModel}}}})
+	}
+	return h
+}
+
+func llmHandlerBase(upstreamURL string) map[string]any {
 	return map[string]any{
 		"handler": "llm_route",
 		"providers": []any{map[string]any{"id": "fake", "url": upstreamURL + "/v1",

@@ -162,7 +162,7 @@ func commandDelta(before, after map[string]int64) map[string]int64 {
 // redisHandler is llmHandler with the shared state in Redis at addr. The
 // default timeout (50 ms) and lease TTL apply, as a user would have them.
 func redisHandler(upstreamURL, addr string) map[string]any {
-	h := llmHandler(upstreamURL)
+	h := llmHandler(upstreamURL, false)
 	h["state"] = map[string]any{"backend": "redis", "address": addr, "prefix": "loadbench:"}
 	return h
 }

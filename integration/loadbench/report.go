@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -322,7 +323,7 @@ func (r *results) budgets() []budget {
 		if s.base == "" {
 			continue
 		}
-		b := budget{name: fmt.Sprintf("llm_route CPU/req %s ÷ %s", s.name, s.base), limit: fmt.Sprintf("≤ %.1f", s.cpuLimit)}
+		b := budget{name: fmt.Sprintf("llm_route CPU/req %s ÷ %s", s.name, s.base), limit: "≤ " + strconv.FormatFloat(s.cpuLimit, 'f', -1, 64)}
 		fi, bi := r.index(s.name), r.index(s.base)
 		if bi >= 0 {
 			v := make([]float64, r.rounds)

@@ -112,7 +112,7 @@ func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case mode == modeThink:
 		events = u.p.thinkEvents
 	}
-	if mode == modeNonStream || mode == modeMsgNonStream || mode == "" {
+	if mode == modeNonStream || mode == modeMsgNonStream || mode == modeRouter || mode == "" {
 		h["Content-Type"] = ctJSON
 		h["Content-Length"] = []string{strconv.Itoa(len(completion))}
 		w.WriteHeader(http.StatusOK)
