@@ -13,9 +13,9 @@ const (
 	// modeRouter: the non-stream request to the router model (routerModel):
 	// what a rule costs on top of a plain model.
 	modeRouter = "router"
-	modeStream    = "stream"    // 24 chunk events + [DONE], no delay
-	modePaced     = "paced"     // think time, then 24 events apart
-	modeThink     = "think"     // like stream, <think> tags split across chunks
+	modeStream = "stream" // 24 chunk events + [DONE], no delay
+	modePaced  = "paced"  // think time, then 24 events apart
+	modeThink  = "think"  // like stream, <think> tags split across chunks
 
 	modeHeader = "X-Bench-Mode"
 	// echoHeader is the response header where the fake upstream echoes the
@@ -50,9 +50,9 @@ const (
 	clientThinkModel = "bench-think"
 	// routerModel is a router model with one catch-all rule whose chain is
 	// clientModel's, asked for with an effort suffix.
-	routerModel = "auto:medium"
-	realModel        = "real-model"
-	realThinkModel   = "think-model"
+	routerModel    = "auto:medium"
+	realModel      = "real-model"
+	realThinkModel = "think-model"
 )
 
 const systemPrompt = "You are a careful senior software engineer helping a colleague review " +
