@@ -26,8 +26,11 @@
 //     tries the route's targets for that request. Provisioning
 //     (provision.go) builds it; nothing on the request path calls back
 //     into provisioning.
-//  3. Admission. serve.go admits a request on its route: client keys and
-//     budgets (auth.go, budget.go) and the context fit narrow the route,
+//  3. Admission. serve.go admits a request on its route: a router model's
+//     rule picks the route first (rules.go; the judge, judge.go, when
+//     nothing pins the effort; a shadow copy on the side, shadow.go),
+//     client keys and budgets (auth.go, budget.go) and the context fit
+//     narrow the route,
 //     then a slot is claimed in route order through the handler's ledger,
 //     or the request waits in the queue (queue.go).
 //  4. The ledger (package ledger). Everything counted or remembered:
