@@ -5,13 +5,9 @@ import (
 	"errors"
 	"strconv"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/chatsse"
 	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
-
-// maxLine bounds the bytes buffered for one upstream SSE line and for the
-// data of one event; a longer one is dropped (it cannot be a chunk this
-// translator could use).
-const maxLine = 4 << 20
 
 // block kinds of the open content block.
 const (
@@ -48,12 +44,8 @@ type Stream struct {
 	emit func([]byte) error
 	err  error
 
-	line  []byte // partial upstream line
-	data  []byte // data of the current upstream event
-	out   []byte // event being built
-	drop  bool   // the current line is too long: skip to its end
-	skip  bool   // the current event is too long: skip to its end
-	gotCR bool   // the previous byte was a CR
+	rd  chatsse.Reader // the upstream events
+	out []byte         // event being built
 
 	started, finished bool
 	open              int // blockNone … blockTool
@@ -84,9 +76,10 @@ func NewStream(info *Info, emit func([]byte) error) *Stream {
 func (s *Stream) Reset(info *Info, emit func([]byte) error) {
 	*s = Stream{
 		info: info, emit: emit,
-		line: s.line[:0], data: s.data[:0], out: s.out[:0], tools: s.tools[:0],
+		rd: s.rd, out: s.out[:0], tools: s.tools[:0],
 		msgID: s.msgID[:0], model: s.model[:0],
 	}
+	s.rd.Reset()
 }
 
 // Finished reports whether message_stop (or an error event) was emitted.
@@ -94,29 +87,8 @@ func (s *Stream) Finished() bool { return s.finished }
 
 // Write consumes upstream bytes.
 func (s *Stream) Write(p []byte) (int, error) {
-	if s.err != nil {
-		return 0, s.err
-	}
-	for i := 0; i < len(p) && s.err == nil; {
-		c := p[i]
-		if s.gotCR {
-			s.gotCR = false
-			if c == '\n' { // second half of a CRLF
-				i++
-				continue
-			}
-		}
-		j := bytes.IndexAny(p[i:], "\r\n")
-		if j < 0 {
-			s.addLine(p[i:])
-			break
-		}
-		s.addLine(p[i : i+j])
-		if p[i+j] == '\r' {
-			s.gotCR = true
-		}
-		i += j + 1
-		s.endLine()
+	if s.err == nil {
+		s.rd.Write(p, (*events)(s))
 	}
 	if s.err != nil {
 		return 0, s.err
@@ -124,45 +96,11 @@ func (s *Stream) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (s *Stream) addLine(b []byte) {
-	if s.drop {
-		return
-	}
-	if len(s.line)+len(b) > maxLine {
-		s.drop, s.line = true, s.line[:0]
-		return
-	}
-	s.line = append(s.line, b...)
-}
+// events is the Stream as the line reader's handler.
+type events Stream
 
-// endLine handles one complete upstream line.
-func (s *Stream) endLine() {
-	line := s.line
-	s.line = s.line[:0]
-	if s.drop {
-		s.drop = false
-		return
-	}
-	if len(line) == 0 { // blank line: the event is complete
-		s.dispatch()
-		s.skip = false
-		return
-	}
-	if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-		if len(v) > 0 && v[0] == ' ' {
-			v = v[1:]
-		}
-		if s.skip || len(s.data)+len(v) >= maxLine {
-			s.skip, s.data = true, s.data[:0] // too big to be a usable chunk
-			return
-		}
-		if len(s.data) > 0 {
-			s.data = append(s.data, '\n')
-		}
-		s.data = append(s.data, v...)
-	}
-	// event:, id:, retry: and comments carry nothing for the translation.
-}
+func (e *events) Event(data []byte) { (*Stream)(e).dispatch(data) }
+func (e *events) Stopped() bool     { return e.err != nil }
 
 // ErrUnfinished is returned by Close when the upstream ended the stream
 // with neither a finish_reason nor [DONE]: the answer was cut, and the
@@ -175,10 +113,7 @@ func (s *Stream) Close() error {
 	if s.err != nil {
 		return s.err
 	}
-	if len(s.line) > 0 {
-		s.endLine()
-	}
-	s.dispatch()
+	s.rd.Close((*events)(s))
 	if !s.finished && s.err == nil {
 		if s.stop == "" {
 			return ErrUnfinished
@@ -203,16 +138,10 @@ func (s *Stream) Fail(code, message string) error {
 	return s.err
 }
 
-// dispatch translates the current upstream event's data.
-func (s *Stream) dispatch() {
-	// Only JSON white space is trimmed: a payload that is not valid JSON as
-	// it stands (say, ending in a vertical tab) is not a chunk, as for
-	// transform's think splitter, which passes such events through unsplit.
-	data := s.data[jsonscan.SkipWS(s.data, 0):]
-	for len(data) > 0 && (data[len(data)-1] == ' ' || data[len(data)-1] == '\t') {
-		data = data[:len(data)-1]
-	}
-	s.data = s.data[:0]
+// dispatch translates one upstream event's data (trimmed by the reader:
+// a payload that is not valid JSON as it stands is not a chunk, as for
+// transform's think splitter, which passes such events through unsplit).
+func (s *Stream) dispatch(data []byte) {
 	if len(data) == 0 || s.finished || s.err != nil {
 		return
 	}
