@@ -60,7 +60,7 @@ func TestExampleQuickStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := caddy.Load(loaded, true); err != nil {
+	if err := loadCaddy(t, loaded); err != nil {
 		t.Fatalf("loading Caddyfile.example: %v", err)
 	}
 	t.Cleanup(func() {

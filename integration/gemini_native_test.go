@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"google.golang.org/genai"
 )
 
@@ -580,7 +579,7 @@ func TestGeminiClientKey(t *testing.T) {
 			"request>uri":                    map[string]any{"filter": "query", "actions": []any{map[string]any{"type": "delete", "parameter": "key"}}},
 		}}
 	b, _ := json.Marshal(full)
-	if err := caddy.Load(b, true); err != nil {
+	if err := loadCaddy(t, b); err != nil {
 		t.Fatal(err)
 	}
 	const gen = `{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}`

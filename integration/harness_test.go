@@ -138,14 +138,107 @@ func (p *proxy) configRoutes(routes []any) []byte {
 // load (re)loads the config, forcing a reload even if unchanged.
 func (p *proxy) load(handler map[string]any) {
 	p.t.Helper()
-	if err := caddy.Load(p.config(handler), true); err != nil {
+	if err := loadCaddy(p.t, p.config(handler)); err != nil {
 		p.t.Fatalf("loading config: %v", err)
 	}
 }
 
 // loadErr loads a config and returns the error.
 func (p *proxy) loadErr(handler map[string]any) error {
-	return caddy.Load(p.config(handler), true)
+	return loadCaddy(p.t, p.config(handler))
+}
+
+// loadCaddy loads a whole Caddy config (forcing a reload even if unchanged)
+// and returns once the servers of the config it replaced no longer listen.
+//
+// Caddy binds each config's listeners with SO_REUSEPORT and stops the old
+// HTTP and admin servers in goroutines that caddy.Load does not wait for.
+// Until the old listener closes, the kernel hands some new connections to
+// it, and closing it resets them ("connect: connection reset by peer"): a
+// test that sends a request right after a reload on a loaded machine would
+// fail now and then for a reason that is not the code under test.
+func loadCaddy(t testing.TB, cfg []byte) error {
+	t.Helper()
+	err := caddy.Load(cfg, true)
+	awaitOldListeners(t, cfg)
+	return err
+}
+
+// awaitOldListeners waits until each TCP port cfg listens on (its admin
+// endpoint and HTTP servers) has one listening socket left.
+func awaitOldListeners(t testing.TB, cfg []byte) {
+	t.Helper()
+	var c struct {
+		Admin struct {
+			Listen string `json:"listen"`
+		} `json:"admin"`
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Listen []string `json:"listen"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		return // caddy.Load has said what is wrong with it
+	}
+	addrs := []string{c.Admin.Listen}
+	for _, srv := range c.Apps.HTTP.Servers {
+		addrs = append(addrs, srv.Listen...)
+	}
+	var ports []uint
+	ipv4 := true
+	for _, a := range addrs {
+		na, err := caddy.ParseNetworkAddress(a)
+		if a == "" || err != nil || na.IsUnixNetwork() || na.IsFdNetwork() {
+			continue
+		}
+		ipv4 = ipv4 && net.ParseIP(na.Host).To4() != nil
+		for port := na.StartPort; port <= na.EndPort; port++ {
+			ports = append(ports, port)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		port, shared := sharedListener(ports, ipv4)
+		if !shared {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("port %d: the previous config's listener is still open 10s after a reload", port)
+		}
+	}
+}
+
+// sharedListener reports a port that more than one socket listens on, from
+// the kernel's own table (Caddy's count of a listener's users drops a
+// moment before the socket closes). Only the IPv4 table is read when every
+// host is IPv4: a read walks every socket of the machine.
+func sharedListener(ports []uint, ipv4 bool) (uint, bool) {
+	tables := []string{"/proc/net/tcp", "/proc/net/tcp6"}
+	if ipv4 {
+		tables = tables[:1]
+	}
+	listening := map[string]int{}
+	for _, table := range tables {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue // no IPv6, or not Linux: nothing to wait for
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// local_address (hex IP:port) is the second field, the state
+			// the fourth; 0A is LISTEN.
+			if f := strings.Fields(line); len(f) > 3 && f[3] == "0A" {
+				listening[f[1][strings.LastIndexByte(f[1], ':'):]]++
+			}
+		}
+	}
+	for _, port := range ports {
+		if listening[fmt.Sprintf(":%04X", port)] > 1 {
+			return port, true
+		}
+	}
+	return 0, false
 }
 
 // logs returns everything Caddy logged so far.
@@ -447,7 +540,7 @@ func (p *proxy) get(path string) *http.Response {
 // loadRoutes (re)loads a config made of the given routes and returns the
 // error.
 func (p *proxy) loadRoutes(routes []any) error {
-	return caddy.Load(p.configRoutes(routes), true)
+	return loadCaddy(p.t, p.configRoutes(routes))
 }
 
 // series renders a metric sample name with its labels in the order the

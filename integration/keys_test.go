@@ -658,7 +658,7 @@ func TestKeysSecretNeverLeaks(t *testing.T) {
 	full["logging"].(map[string]any)["logs"].(map[string]any)["default"].(map[string]any)["encoder"] = map[string]any{
 		"format": "filter", "fields": map[string]any{"request>headers>X-Api-Key": map[string]any{"filter": "delete"}}}
 	b, _ := json.Marshal(full)
-	if err := caddy.Load(b, true); err != nil {
+	if err := loadCaddy(t, b); err != nil {
 		t.Fatal(err)
 	}
 	var bodies []string
@@ -739,7 +739,7 @@ func TestKeysReadmeExample(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the README example does not adapt: %v", err)
 	}
-	if err := caddy.Load(cfgJSON, true); err != nil {
+	if err := loadCaddy(t, cfgJSON); err != nil {
 		t.Fatalf("the README example does not load: %v", err)
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })

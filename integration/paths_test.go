@@ -187,7 +187,7 @@ func TestMixedSiteExample(t *testing.T) {
 		srv["automatic_https"] = obj("disable", true)
 	}
 	b, _ := json.Marshal(conf)
-	if err := caddy.Load(b, true); err != nil {
+	if err := loadCaddy(t, b); err != nil {
 		t.Fatalf("loading the example: %v", err)
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })

@@ -15,8 +15,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // loadServer loads the handler with extra fields on the HTTP server object
@@ -37,7 +35,7 @@ func (p *proxy) loadServer(handler map[string]any, server map[string]any, before
 		srv[k] = v
 	}
 	b, _ := json.Marshal(cfg)
-	if err := caddy.Load(b, true); err != nil {
+	if err := loadCaddy(p.t, b); err != nil {
 		p.t.Fatalf("loading config: %v", err)
 	}
 }

@@ -907,7 +907,7 @@ func soakStableListener(t *testing.T, p *proxy) func(map[string]any) {
 		srv := conf["apps"].(map[string]any)["http"].(map[string]any)["servers"].(map[string]any)["srv0"].(map[string]any)
 		srv["listen"] = []string{fmt.Sprintf("fd/%d", fd)}
 		b, _ := json.Marshal(conf)
-		if err := caddy.Load(b, true); err != nil {
+		if err := loadCaddy(t, b); err != nil {
 			t.Fatalf("loading config: %v", err)
 		}
 	}

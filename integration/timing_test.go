@@ -17,8 +17,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // floodOnce answers its first request with an endless stream of large
@@ -74,7 +72,7 @@ func loadServerOpts(t *testing.T, p *proxy, handler map[string]any, opts map[str
 		srv[k] = v
 	}
 	b, _ := json.Marshal(c)
-	if err := caddy.Load(b, true); err != nil {
+	if err := loadCaddy(t, b); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
@@ -164,7 +163,7 @@ http://127.0.0.1:%d {
 		if err != nil {
 			t.Fatalf("adapt: %v", err)
 		}
-		if err := caddy.Load(adapted, true); err != nil {
+		if err := loadCaddy(t, adapted); err != nil {
 			t.Fatalf("load: %v", err)
 		}
 		ok(t, p, true)
@@ -174,7 +173,7 @@ http://127.0.0.1:%d {
 		if err != nil {
 			t.Fatalf("adapt: %v", err)
 		}
-		if err := caddy.Load(adapted, true); err != nil {
+		if err := loadCaddy(t, adapted); err != nil {
 			t.Fatalf("load: %v", err)
 		}
 		expectAPIError(t, p.chat(chatBody("tm", false)), http.StatusServiceUnavailable, "all_upstreams_failed")
