@@ -54,6 +54,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/llm_route/status", Handler: caddy.AdminHandlerFunc(a.handleStatus)},
 		{Pattern: "/llm_route/explain", Handler: caddy.AdminHandlerFunc(a.handleExplain)},
+		{Pattern: "/llm_route/plan", Handler: caddy.AdminHandlerFunc(a.handlePlan)},
 		{Pattern: "/llm_route/", Handler: caddy.AdminHandlerFunc(a.handlePage)},
 	}
 }

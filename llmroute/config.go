@@ -457,6 +457,7 @@ func (h *Handler) UnmarshalJSON(b []byte) error {
 	if err := decodeStrictly(b, (*plain)(h)); err != nil {
 		return locateDecodeError(b, err, func() any { return new(plain) })
 	}
+	h.loadedFrom = bytes.Clone(b)
 	return nil
 }
 

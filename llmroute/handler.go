@@ -179,6 +179,10 @@ type Handler struct {
 	// led is where this handler counts and remembers (llmroute/ledger):
 	// memory, or a redis fleet in front of it.
 	led ledger.Ledger
+
+	// loadedFrom is the JSON this handler was decoded from, for the plan
+	// of a config change (plan.go).
+	loadedFrom []byte
 }
 
 // CaddyModule returns the Caddy module information.
