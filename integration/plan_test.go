@@ -425,3 +425,114 @@ func TestPlanConfigChanges(t *testing.T) {
 		}
 	}
 }
+
+// exitStatus is the process exit status caddy's main would give err.
+func exitStatus(err error) int {
+	if err == nil {
+		return 0
+	}
+	// caddycmd's exit error carries the status in an ExitCode field.
+	if v := reflect.ValueOf(err); v.Kind() == reflect.Pointer && v.Elem().Kind() == reflect.Struct {
+		if f := v.Elem().FieldByName("ExitCode"); f.IsValid() {
+			return int(f.Int())
+		}
+	}
+	return 1
+}
+
+func TestPlanCLI(t *testing.T) {
+	r := startPlanRig(t)
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	same := write("same.json", r.candidate(t, nil))
+	changed := write("changed.json", r.candidate(t, func(h map[string]any) {
+		entry(h, "providers", "id", "p-busy")["key"] = planKeyNew
+		h["upstreams"] = slices.DeleteFunc(h["upstreams"].([]any), func(e any) bool { return e.(map[string]any)["id"] == "busy" })
+		entry(h, "models", "name", "chat")["upstreams"] = []string{"spare"}
+		entry(h, "keys", "id", "team")["tokens_per_day"] = 5
+	}))
+	invalid := write("invalid.json", r.candidate(t, func(h map[string]any) {
+		entry(h, "models", "name", "other")["upstreams"] = []string{"nowhere"}
+	}))
+
+	// The admin address comes from the candidate's admin block, as caddy
+	// reload finds it.
+	out, err := runCLI(t, "plan", "--config", same)
+	if exitStatus(err) != 0 || !strings.Contains(out, "no changes") || !strings.Contains(out, "changes nothing") {
+		t.Errorf("same config: exit %d (%v), want 0:\n%s", exitStatus(err), err, out)
+	}
+
+	out, err = runCLI(t, "plan", "--config", changed)
+	if exitStatus(err) != 1 {
+		t.Errorf("changed config: exit %d (%v), want 1:\n%s", exitStatus(err), err, out)
+	}
+	for _, want := range []string{"provider p-busy changed", "key: changed (secret, not shown)", "upstream busy removed",
+		"model chat changed: its chain changes: busy, spare → spare", `upstreams: ["busy","spare"] → ["spare"]`,
+		"key team changed: its limits change; its counters carry over", "tokens_per_day: 100000 → 5",
+		"UPSTREAM", "CARRIES OVER", "2 in flight will drain here", "loading this config changes the router"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("changed config: the output lacks %q:\n%s", want, out)
+		}
+	}
+	if column(out, "  UPSTREAM", "IN FLIGHT") != column(out, "  busy ", "2 ") {
+		t.Errorf("the state table is not aligned:\n%s", out)
+	}
+	for _, s := range []string{planKeyOld, planKeyNew, planClient} {
+		if strings.Contains(out, s) || err != nil && strings.Contains(err.Error(), s) {
+			t.Errorf("a secret is in the CLI output:\n%s", out)
+		}
+	}
+
+	out, err = runCLI(t, "plan", "--config", invalid, "--address", strings.TrimPrefix(r.p.admin, "http://"))
+	if exitStatus(err) != 2 || !strings.Contains(err.Error(), `unknown upstream or pool "nowhere"`) {
+		t.Errorf("invalid config: exit %d (%v), want 2 and /load's message:\n%s", exitStatus(err), err, out)
+	}
+	out, err = runCLI(t, "plan", "--config", filepath.Join(dir, "missing.json"))
+	if exitStatus(err) != 2 {
+		t.Errorf("missing file: exit %d (%v), want 2:\n%s", exitStatus(err), err, out)
+	}
+	r.gate.open()
+}
+
+// A Caddyfile posted as text/caddyfile is adapted first, as /load does,
+// and its llm_route is matched with the running one; a Caddyfile that does
+// not adapt gets the adapter's message.
+func TestPlanCaddyfile(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := startProxy(t, basicConfig(up, 2))
+	caddyfile := fmt.Sprintf(`{
+	admin %s
+}
+:%d {
+	llm_route {
+		provider p {
+			url %s
+		}
+		upstream u p real-model {
+			max_concurrency 3
+		}
+		model m u
+	}
+}
+`, strings.TrimPrefix(p.admin, "http://"), p.port, up.base())
+	code, body := postAdmin(t, p, "/llm_route/plan", "text/caddyfile", []byte(caddyfile))
+	if code != http.StatusOK {
+		t.Fatalf("plan: %d %s", code, body)
+	}
+	var a planAnswer
+	if err := json.Unmarshal([]byte(body), &a); err != nil || len(a.Handlers) != 1 || a.Handlers[0].Op != "" {
+		t.Fatalf("plan: want the one handler matched: %v %s", err, body)
+	}
+	t.Log(body)
+	code, body = postAdmin(t, p, "/llm_route/plan", "text/caddyfile", []byte(":1 {\n\tllm_route {\n\t\tbogus\n\t}\n}\n"))
+	_, loadBody := postAdmin(t, p, "/adapt", "text/caddyfile", []byte(":1 {\n\tllm_route {\n\t\tbogus\n\t}\n}\n"))
+	if code != http.StatusBadRequest || !strings.Contains(body, "adapting config using caddyfile adapter") || !strings.Contains(loadBody, "bogus") {
+		t.Errorf("bad Caddyfile: %d %s (adapt: %s)", code, body, loadBody)
+	}
+}

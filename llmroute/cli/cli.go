@@ -95,6 +95,7 @@ non-zero when the admin API is off or cannot be reached.
 			explain.Flags().String("effort", "", "A router model request's effort: low, medium or high")
 			explain.Flags().StringArray("attr", nil, "A router model request's attribute, name=value (repeatable)")
 			cmd.AddCommand(status, explain)
+			cmd.AddCommand(planCommand())
 		},
 	})
 }
