@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Secrets of the plan tests: none may appear in a plan or the CLI's output.
@@ -534,5 +535,33 @@ func TestPlanCaddyfile(t *testing.T) {
 	_, loadBody := postAdmin(t, p, "/adapt", "text/caddyfile", []byte(":1 {\n\tllm_route {\n\t\tbogus\n\t}\n}\n"))
 	if code != http.StatusBadRequest || !strings.Contains(body, "adapting config using caddyfile adapter") || !strings.Contains(loadBody, "bogus") {
 		t.Errorf("bad Caddyfile: %d %s (adapt: %s)", code, body, loadBody)
+	}
+}
+
+// Checking a candidate provisions its logs; Caddy's own log must keep
+// going where the running config sends it, not to the candidate's file.
+func TestPlanKeepsTheRunningLog(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := startProxy(t, basicConfig(up, 2))
+	var c map[string]any
+	if err := json.Unmarshal(p.config(basicConfig(up, 3)), &c); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "candidate.log")
+	c["logging"] = obj("logs", obj("default", obj("level", "DEBUG", "writer", obj("output", "file", "filename", other))))
+	candidate, _ := json.Marshal(c)
+	if code, body := postAdmin(t, p, "/llm_route/plan", "", candidate); code != http.StatusOK {
+		t.Fatalf("plan: %d %s", code, body)
+	}
+	resp, err := testClient.Get(p.admin + "/config/apps/http/servers/srv0/listen?after-plan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	eventually(t, 5*time.Second, "the admin request after the plan in the running log", func() bool {
+		return strings.Contains(p.logs(), "after-plan")
+	})
+	if b, _ := os.ReadFile(other); strings.Contains(string(b), "after-plan") {
+		t.Errorf("Caddy's log went to the candidate's file:\n%s", b)
 	}
 }

@@ -35,6 +35,10 @@ func init() {
 //     request body of the API explains that request (its model, prompt and
 //     affinity key); for a router model, also [&effort=E][&attr=NAME=VALUE]…
 //     and the rule that matches, its chain and how its first model is chosen;
+//   - POST /llm_route/plan with a candidate config (JSON, or another
+//     format by its Content-Type as /load takes it) — what loading it would
+//     change and carry over, checked as /load checks it, applied nowhere
+//     (plan.go);
 //   - GET /llm_route/ — an HTML status page, rendered with the snapshot and
 //     refreshed by its script every second.
 //

@@ -2,11 +2,13 @@ package llmroute
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"reflect"
 	"slices"
@@ -19,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 )
 
 // POST /llm_route/plan answers what loading a candidate config would do to
@@ -54,7 +57,11 @@ func (adminAPI) handlePlan(w http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
 	}
+	logging, logOK := runningLogging(r)
 	cfgJSON, err := checkCandidate(body)
+	if logOK {
+		restoreLogging(logging)
+	}
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("loading config: %v", err)}
 	}
@@ -126,6 +133,67 @@ func checkCandidate(body []byte) ([]byte, error) {
 		return nil, fmt.Errorf("loading new config: %v", err)
 	}
 	return stripped, nil
+}
+
+// Provisioning a config (caddy.Validate as much as a load) points Caddy's
+// own default log at the config's, and cancelling it closes those log
+// writers: after checking a candidate, Caddy's log would go to the
+// candidate's writers, closed. runningLogging reads the running config's
+// logging block from this admin endpoint, and restoreLogging provisions it
+// alone, which points the default log back at writers the running config
+// holds open (writers are shared by what they write to). Nothing else of
+// that throwaway config is kept.
+
+// runningLogging reads the running config's logging from the admin
+// endpoint r came in on; ok is false when it cannot (an endpoint this
+// process cannot call back, such as a remote one with client certificates).
+func runningLogging(r *http.Request) (json.RawMessage, bool) {
+	la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok {
+		return nil, false
+	}
+	client := &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, la.Network(), la.String())
+		}, DisableKeepAlives: true},
+	}
+	host := r.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://"+host+"/config/logging", nil)
+	if err != nil {
+		return nil, false
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		req.Header.Set("Origin", o)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, false
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil || resp.StatusCode != http.StatusOK || !json.Valid(b) {
+		return nil, false
+	}
+	return b, true
+}
+
+// restoreLogging points Caddy's default log back at the running config's
+// logging (see runningLogging).
+func restoreLogging(logging json.RawMessage) {
+	storage := certmagic.Default.Storage
+	defer func() { certmagic.Default.Storage = storage }()
+	var cfg *caddy.Config
+	if err := caddy.StrictUnmarshalJSON([]byte(`{"logging":`+strings.TrimSpace(string(logging))+`}`), &cfg); err != nil || cfg == nil {
+		return
+	}
+	if err := caddy.Validate(cfg); err != nil {
+		caddy.Log().Warn("llm_route plan: restoring the running log settings", zap.Error(err))
+	}
 }
 
 // indexIDs rejects a repeated @id as /load does.
