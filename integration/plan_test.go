@@ -28,6 +28,7 @@ const (
 	planClient   = "ck-test-secret-plan-team"
 	planClient2  = "ck-test-secret-plan-team2"
 	planRedisPwd = "pw-test-secret-plan-redis"
+	planURLPwd   = "pw-test-secret-plan-url"
 )
 
 type planRig struct {
@@ -341,7 +342,12 @@ func TestPlanConfigChanges(t *testing.T) {
 		a, body := r.plan(t, r.candidate(t, func(h map[string]any) {
 			entry(h, "providers", "id", "p-busy")["key"] = planKeyNew
 			entry(h, "keys", "id", "team")["secret"] = planClient2
+			spare := entry(h, "providers", "id", "p-spare")
+			spare["url"] = strings.Replace(spare["url"].(string), "http://", "http://user:"+planURLPwd+"@", 1)
 		}))
+		if i, ok := changeOf(a, "provider", "p-spare"); !ok || !strings.Contains(body, "http://redacted@127.0.0.1") {
+			t.Errorf("provider p-spare: want its url changed, credentials redacted (%d): %s", i, body)
+		}
 		for _, kc := range [][3]string{{"provider", "p-busy", "key"}, {"key", "team", "secret"}} {
 			i, ok := changeOf(a, kc[0], kc[1])
 			if !ok {
@@ -352,7 +358,7 @@ func TestPlanConfigChanges(t *testing.T) {
 				t.Errorf("%s %s: want %s changed as a secret: %s", kc[0], kc[1], kc[2], body)
 			}
 		}
-		for _, s := range []string{planKeyOld, planKeyNew, planClient, planClient2} {
+		for _, s := range []string{planKeyOld, planKeyNew, planClient, planClient2, planURLPwd} {
 			if strings.Contains(body, s) {
 				t.Errorf("a secret is in the plan: %s", body)
 			}

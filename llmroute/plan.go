@@ -562,22 +562,6 @@ func diffList[T any](kind string, old, cur []T, id func(T) string, secret func(s
 func diffObjects(old, cur any, secret func(string) bool) []fieldChange {
 	a, b := asJSON(old), asJSON(cur)
 	var out []fieldChange
-	// A provider's url may hold user:password@; only its redacted form shows.
-	am, aok := a.(map[string]any)
-	bm, bok := b.(map[string]any)
-	if aok && bok {
-		au, _ := am["url"].(string)
-		bu, _ := bm["url"].(string)
-		if au != bu && (strings.Contains(au, "@") || strings.Contains(bu, "@")) {
-			if redactURL(au) == redactURL(bu) {
-				out = append(out, fieldChange{Path: "url", Old: redacted, New: redacted, Secret: true})
-			} else {
-				out = append(out, fieldChange{Path: "url", Old: redactURL(au), New: redactURL(bu)})
-			}
-			delete(am, "url")
-			delete(bm, "url")
-		}
-	}
 	diffValue("", a, b, secret, &out)
 	return out
 }
@@ -639,7 +623,32 @@ func diffValue(path string, a, b any, secret func(string) bool, out *[]fieldChan
 		}
 		return
 	}
+	// A URL may hold user:password@ (a provider's url, a transport's
+	// forward proxy): only its redacted form shows, and a change of the
+	// credentials alone is a secret's.
+	as, _ := a.(string)
+	bs, _ := b.(string)
+	if withCredentials(as) || withCredentials(bs) {
+		if redactURL(as) == redactURL(bs) {
+			*out = append(*out, fieldChange{Path: path, Old: redacted, New: redacted, Secret: true})
+			return
+		}
+		a, b = redactedValue(a), redactedValue(b)
+	}
 	*out = append(*out, fieldChange{Path: path, Old: a, New: b})
+}
+
+// withCredentials reports whether s looks like a URL with a user part.
+func withCredentials(s string) bool {
+	i := strings.Index(s, "://")
+	return i > 0 && strings.Contains(s[i:], "@")
+}
+
+func redactedValue(v any) any {
+	if s, ok := v.(string); ok && withCredentials(s) {
+		return redactURL(s)
+	}
+	return v
 }
 
 func joinPath(path, k string) string {
