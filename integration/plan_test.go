@@ -377,6 +377,13 @@ func TestPlanConfigChanges(t *testing.T) {
 		}
 	})
 
+	// The candidates' names left no series behind. (Checked before the
+	// failed /load below: Caddy's admin endpoint then serves the metrics
+	// registry of the config that failed.)
+	if m := r.p.metrics(); strings.Contains(m, `"spare2"`) || !strings.Contains(m, `upstream="busy"`) {
+		t.Errorf("the metrics show a candidate's upstream, or lost the running ones:\n%s", m)
+	}
+
 	t.Run("invalid", func(t *testing.T) {
 		bad := r.candidate(t, func(h map[string]any) {
 			entry(h, "models", "name", "other")["upstreams"] = []string{"nowhere"}
