@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -38,6 +39,8 @@ import (
 // side (a route was added in front of the only llm_route), those two are
 // matched too.
 
+var planMu sync.Mutex
+
 // maxPlanBody bounds a candidate config, as Caddy bounds /load's.
 const maxPlanBody = 100 << 20
 
@@ -57,11 +60,15 @@ func (adminAPI) handlePlan(w http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
 	}
+	// One plan at a time: each points Caddy's default log at its candidate's
+	// and back (restoreLogging).
+	planMu.Lock()
 	logging, logOK := runningLogging(r)
 	cfgJSON, err := checkCandidate(body)
 	if logOK {
 		restoreLogging(logging)
 	}
+	planMu.Unlock()
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("loading config: %v", err)}
 	}
