@@ -14,7 +14,6 @@ package llmproxy
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"regexp"
@@ -141,10 +140,9 @@ func (a *adapter) adapt(body []byte) (map[string]any, error) {
 		return nil, err
 	}
 
-	var warnings []caddyconfig.Warning
-	handler := caddyconfig.JSONModuleObject(&h, "handler", "llm_route", &warnings)
-	if len(warnings) > 0 {
-		return nil, errors.New(warnings[0].Message)
+	handler, err := moduleJSON(&h, "llm_route")
+	if err != nil {
+		return nil, err
 	}
 	server := map[string]any{
 		"listen":          []string{net.JoinHostPort(host, strconv.Itoa(port))},
@@ -163,6 +161,21 @@ func (a *adapter) adapt(body []byte) (map[string]any, error) {
 	return map[string]any{"apps": map[string]any{"http": map[string]any{
 		"servers": map[string]any{"llmproxy": server},
 	}}}, nil
+}
+
+// moduleJSON is the handler's JSON with `"handler": name` first. Unlike
+// caddyconfig.JSONModuleObject it does not pass the object through
+// map[string]any, which would round a patch's large integers to float64.
+func moduleJSON(h *llmroute.Handler, name string) (json.RawMessage, error) {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	head := fmt.Sprintf(`{"handler":%q`, name)
+	if len(b) <= 2 {
+		return json.RawMessage(head + "}"), nil
+	}
+	return json.RawMessage(head + "," + string(b[1:])), nil
 }
 
 // unknownKey warns of a key the original would have ignored.

@@ -16,7 +16,7 @@ import (
 // adapter refuses such input instead of looping or exhausting memory.
 const (
 	maxDepth = 64
-	maxNodes = 1 << 20
+	maxNodes = 1 << 17
 )
 
 // pair is one key and its value in a YAML map, aliases resolved.
@@ -35,6 +35,8 @@ func (a *adapter) deref(n *yaml.Node) *yaml.Node {
 				return nil
 			}
 			n = n.Content[0]
+		case 0: // an empty document
+			return nil
 		default:
 			return n
 		}
@@ -265,7 +267,7 @@ func (a *adapter) scalar(n *yaml.Node, path string) (any, error) {
 
 // describe names the kind of a node for an error message.
 func describe(n *yaml.Node) string {
-	if n == nil {
+	if n == nil || n.Kind == 0 {
 		return "nothing"
 	}
 	switch n.Kind {
