@@ -304,6 +304,8 @@ func TestLLMProxyAdapterDefaultsAndMistakes(t *testing.T) {
 			`config.yaml:8: upstreams[0].backoff: invalid ISO-8601 duration "5 minutes" (e.g. PT30S, PT15M, P1D)`},
 		{"URL read as a map", strings.Replace(base, `"http://127.0.0.1:9/v1"`, "\n      https: //routerai.ru/api/v1", 1),
 			`config.yaml:4: providers[0].url: want a string, got a map: quote URLs (url: "https://…")`},
+		{"URL without scheme", strings.Replace(base, `"http://127.0.0.1:9/v1"`, "routerai.ru/api/v1", 1),
+			`config.yaml:3: providers[0].url: want an http:// or https:// URL, got "routerai.ru/api/v1"`},
 		{"unknown provider", strings.Replace(base, "provider: p", "provider: q", 1),
 			`config.yaml:5: upstreams[0].provider: unknown provider "q"`},
 		{"negative limit", strings.Replace(base, "    model: m\n", "    model: m\n    max_concurrency: -1\n", 1),

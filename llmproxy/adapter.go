@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -425,6 +426,9 @@ func (a *adapter) providers(n *yaml.Node) ([]llmroute.Provider, error) {
 		if p.URL, err = a.required(ps, entry, path, "url"); err != nil {
 			return err
 		}
+		if u, perr := url.Parse(strings.TrimSpace(p.URL)); perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return a.errAt(valueOf(ps, "url"), path+".url", "want an http:// or https:// URL, got %q", p.URL)
+		}
 		a.providerAt = append(a.providerAt, entry)
 		out = append(out, p)
 		return nil
@@ -534,6 +538,16 @@ func (a *adapter) limit(n *yaml.Node, path string) (int, error) {
 		return 0, a.errAt(n, path, "must not be negative (0 or null = unlimited)")
 	}
 	return v, err
+}
+
+// valueOf is the value node of key in an entry.
+func valueOf(ps []pair, key string) *yaml.Node {
+	for _, p := range ps {
+		if p.key.Value == key {
+			return p.val
+		}
+	}
+	return nil
 }
 
 // entryNode is the node to point at for an entry as a whole: its first key.
