@@ -293,13 +293,10 @@ func (a *adapter) duration(n *yaml.Node, path string) (*llmroute.Duration, error
 	if a.isNull(n) {
 		return nil, nil
 	}
-	s := ""
-	if n.Kind == yaml.ScalarNode {
-		s = n.Value
-	} else {
+	if n.Kind != yaml.ScalarNode {
 		return nil, a.errAt(n, path, "want an ISO-8601 duration (e.g. PT30S), got %s", describe(n))
 	}
-	d, err := parseDuration(s)
+	d, err := parseDuration(n.Value)
 	if err != nil {
 		return nil, a.errAt(n, path, "%v", err)
 	}
