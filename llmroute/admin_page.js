@@ -243,7 +243,8 @@
     return top;
   }
 
-  // Lines with gaps at null: lines [{cls, values}].
+  // Step lines, one level per bucket, with gaps at null: lines [{cls,
+  // values}]. A lone bucket still shows as a short level.
   function lines(svgEl, ls) {
     let top = 0;
     for (const l of ls) for (const v of l.values) if (v !== null && v > top) top = v;
@@ -253,8 +254,8 @@
       let d = "", pen = false;
       l.values.forEach((v, k) => {
         if (v === null) { pen = false; return; }
-        const x = (k * bw + bw / 2).toFixed(1), y = (H - 2 - v / top * (H - 16)).toFixed(1);
-        d += (pen ? "L" : "M") + x + " " + y + (pen ? "" : "h0.1");
+        const y = (H - 2 - v / top * (H - 16)).toFixed(1);
+        d += (pen ? "V" + y : "M" + (k * bw).toFixed(1) + " " + y) + "H" + ((k + 1) * bw).toFixed(1);
         pen = true;
       });
       if (d) svgEl.append(sv("path", { d: d }, l.cls));
