@@ -390,3 +390,94 @@ func startChromium(t *testing.T, browser string) context.Context {
 	}()
 	return ctx
 }
+
+// The history outlives a reload that keeps the ids, and `caddy llm-route
+// status --watch` draws it.
+func TestStatusHistoryAcrossReloadAndWatch(t *testing.T) {
+	good := newUpstream(t, completion("fine"))
+	bad := newUpstream(t, status(500))
+	handler := func(extra ...map[string]any) map[string]any {
+		return cfg(
+			[]map[string]any{obj("id", "p-good", "url", good.base()), obj("id", "p-bad", "url", bad.base())},
+			[]map[string]any{obj("id", "good", "provider", "p-good", "model", "real-good", "price_input", 5000.0, "price_output", 20000.0),
+				obj("id", "bad", "provider", "p-bad", "model", "real-bad")},
+			append([]map[string]any{obj("name", "chat", "upstreams", []string{"bad", "good"})}, extra...),
+			"keys", []any{obj("id", "billing", "secret", statusKeySecret, "spend_per_day", 1.0)})
+	}
+	p := startProxy(t, handler())
+	const n = 3
+	for i := range n {
+		resp := p.chat(`{"model":"chat","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`, "Authorization", "Bearer "+statusKeySecret)
+		if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	// A reload that keeps every id (and adds a model).
+	p.load(handler(obj("name", "other", "upstreams", []string{"good"})))
+
+	_, h := getJSON(t, p.admin+"/llm_route/history")
+	total := func(kind, id, series string) (n float64) {
+		for _, e := range h[kind].([]any) {
+			e := e.(map[string]any)
+			if e["id"] != id {
+				continue
+			}
+			v := e[series]
+			if m, ok := v.(map[string]any); ok { // requests by result
+				v = m["5xx"]
+				if id == "good" {
+					v = m["ok"]
+				}
+			}
+			for _, x := range v.([]any) {
+				n += x.(float64)
+			}
+		}
+		return n
+	}
+	if got := total("upstreams", "bad", "requests"); got != n {
+		t.Errorf("after the reload, bad's 5xx in the history = %v, want %d", got, n)
+	}
+	if got := total("upstreams", "good", "requests"); got != n {
+		t.Errorf("after the reload, good's ok in the history = %v, want %d", got, n)
+	}
+	if got := total("models", "chat", "output_tokens"); got != n {
+		t.Errorf("after the reload, chat's output tokens = %v, want %d (one per answer)", got, n)
+	}
+	if got := total("keys", "billing", "served"); got != n {
+		t.Errorf("after the reload, the key's served requests = %v, want %d", got, n)
+	}
+	if got := total("models", "other", "output_tokens"); got != 0 {
+		t.Errorf("the new model's history has %v output tokens, want 0", got)
+	}
+
+	addr := strings.TrimPrefix(p.admin, "http://")
+	out, err := runCLI(t, "status", "--watch", "--interval", "50ms", "--frames", "2", "--address", addr)
+	if err != nil {
+		t.Fatalf("status --watch: %v\n%s", err, out)
+	}
+	if c := strings.Count(out, "\x1b[H\x1b[2J"); c != 2 {
+		t.Errorf("status --watch --frames 2 cleared the screen %d times, want 2:\n%s", c, out)
+	}
+	lineOf := func(prefix string) string { // in the last frame's history
+		frame := out[strings.LastIndex(out, "LAST 15 MINUTES"):]
+		for _, l := range strings.Split(frame, "\n") {
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		}
+		return ""
+	}
+	for _, want := range []string{"UPSTREAM", "LAST 15 MINUTES", "KEY", "every 50ms · Ctrl-C ends"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status --watch lacks %q:\n%s", want, out)
+		}
+	}
+	if l := lineOf("bad  "); !strings.Contains(l, "\x1b[31m") || !strings.Contains(l, " 3\x1b[0m") {
+		t.Errorf("bad's sparkline line does not show its 3 failures in red: %q\n%s", l, out)
+	}
+	if l := lineOf("billing"); !strings.Contains(l, "[") || !strings.Contains(l, "/$1") || !strings.Contains(l, "3 ok") {
+		t.Errorf("the key's line = %q, want a spend bar of $1 and 3 ok", l)
+	}
+	t.Logf("status --watch, last frame:\n%s", out[strings.LastIndex(out, "\x1b[2J")+4:])
+}

@@ -49,7 +49,7 @@ type upstream struct {
 	ledger.Upstream
 
 	model              string
-	idAny, providerAny any // id and provider boxed once, for placeholders
+	idAny, providerAny any      // id and provider boxed once, for placeholders
 	hist               *history // the last minutes' traffic (history.go)
 	// timings: a member of a cache_aware pool, whose answers are read for
 	// llama.cpp's timings too (the cache it reused).
