@@ -58,6 +58,9 @@ http://127.0.0.1:%d {
 	handle_path /llm-status/* {
 		llm_route_status
 	}
+	handle_path /mon* {
+		llm_route_status
+	}
 	handle_path /private/* {
 		basic_auth {
 			ops %s
@@ -150,6 +153,22 @@ func TestStatusHandlerOnASiteInHeadlessChromium(t *testing.T) {
 	}
 	if st, v := getJSON(t, p.URL+"/private/status", "ops", "pw-ops"); st != http.StatusOK || len(v["upstreams"].([]any)) != 4 {
 		t.Errorf("/private/status with credentials: %d %v, want 200 and 4 upstreams", st, v)
+	}
+
+	// Mounted without the slash: the page's address gets one, so that its
+	// relative URLs resolve under the mount.
+	noFollow := &http.Client{Transport: testClient.Transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	if resp, err := noFollow.Get(p.URL + "/mon"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != "/mon/" {
+		t.Errorf("GET /mon: %d to %q, want 308 to /mon/", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if st, v := getJSON(t, p.URL+"/mon/status"); st != http.StatusOK || len(v["upstreams"].([]any)) != 4 {
+		t.Errorf("GET /mon/status: %d, want the status", st)
+	}
+	if st, _ := getJSON(t, p.URL+"/llm-status/nothing-here"); st != http.StatusNotFound {
+		t.Errorf("GET /llm-status/nothing-here: %d, want 404", st)
 	}
 
 	// A burst of traffic within a bucket or two: every chat request fails
