@@ -157,27 +157,33 @@ func resultIndex(r string) int {
 }
 
 // recordAttempt notes an attempt that ended on t at now: its result, and
-// the slots in use before it released its own (inUse).
+// for the upstream the slots in use before it released its own (inUse).
 func (t *target) recordAttempt(now int64, result string, inUse int64) {
 	i := resultIndex(result)
-	for _, hs := range [2]*history{t.up.hist, t.mhist} {
-		if hs == nil {
-			continue
-		}
-		row := hs.row(now)
-		if row == nil {
-			continue
-		}
-		if i >= 0 {
-			row[hResults+i].Add(1)
-		}
-		for {
-			cur := row[hSlots].Load()
-			if cur >= inUse || row[hSlots].CompareAndSwap(cur, inUse) {
-				break
-			}
+	if i >= 0 {
+		t.mhist.add(now, hResults+i, 1)
+	}
+	row := t.up.hist.rowOf(now)
+	if row == nil {
+		return
+	}
+	if i >= 0 {
+		row[hResults+i].Add(1)
+	}
+	for {
+		cur := row[hSlots].Load()
+		if cur >= inUse || row[hSlots].CompareAndSwap(cur, inUse) {
+			return
 		}
 	}
+}
+
+// rowOf is row for a ring that may be nil.
+func (hs *history) rowOf(now int64) []atomic.Int64 {
+	if hs == nil {
+		return nil
+	}
+	return hs.row(now)
 }
 
 // recordAnswer notes an answered request's time to first token (ttft < 0:
@@ -242,8 +248,8 @@ type trafficHistory struct {
 	// OutputTokens counts the output tokens the answers reported.
 	OutputTokens []int64 `json:"output_tokens"`
 	// Slots is the most slots in use seen in the bucket (sampled when an
-	// attempt ends and when the history is read).
-	Slots []int64 `json:"slots"`
+	// attempt ends and when the history is read); upstreams only.
+	Slots []int64 `json:"slots,omitempty"`
 }
 
 // keyHistory is a client key's series and its budgets now.
@@ -394,7 +400,7 @@ func historyOf(now time.Time) historyAnswer {
 			}
 			seen["m/"+name] = true
 			th := hs.traffic(ns)
-			th.ID = name
+			th.ID, th.Slots = name, nil
 			ans.Models = append(ans.Models, th)
 		}
 		for _, kc := range h.Keys { // config order

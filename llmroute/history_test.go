@@ -100,13 +100,15 @@ func TestHistoryQuantile(t *testing.T) {
 }
 
 // BenchmarkHistoryRecordAttempt is what finish adds per attempt: the
-// result and the slots in use, into the upstream's and the model's rings.
+// result and the slots in use, into the upstream's and the model's rings
+// (finish reads the clock anyway, so the clock is not in the figure).
 func BenchmarkHistoryRecordAttempt(b *testing.B) {
 	t := &target{up: &upstream{hist: newHistory(hFields)}, mhist: newHistory(hFields)}
+	now := time.Now().UnixNano()
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			t.recordAttempt(time.Now().UnixNano(), resultOK, 1)
+			t.recordAttempt(now, resultOK, 1)
 		}
 	})
 }
