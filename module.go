@@ -3,8 +3,9 @@
 //
 //	xcaddy build --with github.com/llm-route/caddy-llm-route
 //
-// The handler lives in package llmroute, the directive in package caddyfile;
-// this package only imports both so that one --with brings in everything.
+// The handler lives in package llmroute, the directive in package caddyfile,
+// the llm-proxy config adapter in package llmproxy; this package only imports
+// them so that one --with brings in everything.
 package caddyllmroute
 
 import (
@@ -14,4 +15,6 @@ import (
 	_ "github.com/llm-route/caddy-llm-route/llmroute"
 	// The `caddy llm-route status|explain` commands.
 	_ "github.com/llm-route/caddy-llm-route/llmroute/cli"
+	// The config adapter `llmproxy`: llm-proxy's config.yaml as it is.
+	_ "github.com/llm-route/caddy-llm-route/llmproxy"
 )

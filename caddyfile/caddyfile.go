@@ -22,6 +22,25 @@ import (
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("llm_route", parseCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("llm_route", httpcaddyfile.Before, "reverse_proxy")
+	// Beside Caddy's own metrics handler, so before llm_route: a site can
+	// serve both, the status behind a matcher or in a handle_path block.
+	httpcaddyfile.RegisterHandlerDirective("llm_route_status", parseStatusCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("llm_route_status", httpcaddyfile.After, "metrics")
+}
+
+// parseStatusCaddyfile sets up the llm_route_status handler, which has no
+// arguments or fields:
+//
+//	llm_route_status [<matcher>]
+func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	h.Next() // the directive
+	if h.NextArg() {
+		return nil, h.ArgErr()
+	}
+	if h.NextBlock(0) {
+		return nil, h.Errf("llm_route_status has no fields")
+	}
+	return llmroute.StatusHandler{}, nil
 }
 
 // parseCaddyfile sets up the llm_route handler from Caddyfile tokens:

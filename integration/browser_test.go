@@ -53,8 +53,8 @@ func chromiumPath(t *testing.T) string {
 
 var countdown = regexp.MustCompile(`^(\d+)s \(retry_after\)$`)
 
-// adminPageProxy is the site route README suggests for viewing the page in
-// a browser: Caddy 2.11's admin endpoint refuses a browser's top-level
+// adminPageProxy is a site route that proxies the admin page for a
+// browser (the recipe the llm_route_status handler replaced): Caddy 2.11's admin endpoint refuses a browser's top-level
 // navigation (it sends Sec-Fetch-Mode but no Origin; caddyserver/caddy#7633),
 // so a site proxies /llm_route/* alone to the admin listener with its own
 // Origin.

@@ -99,6 +99,22 @@ func TestExampleQuickStart(t *testing.T) {
 		}
 	}
 
+	// The quick start's status page: the example serves it on its own port.
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "Open http://localhost:8100/llm-status/ in a browser") {
+		t.Error("README.md's quick start does not open http://localhost:8100/llm-status/")
+	}
+	page := p.get("/llm-status/")
+	if b := readAll(t, page); page.StatusCode != http.StatusOK || !strings.Contains(b, `<tr data-upstream="local-qwen"`) {
+		t.Errorf("GET /llm-status/ on the example's port: %d, want the status page listing local-qwen:\n%s", page.StatusCode, b)
+	}
+	if st := p.get("/llm-status/status"); st.StatusCode != http.StatusOK || !strings.Contains(readAll(t, st), `"id":"demo"`) {
+		t.Errorf("GET /llm-status/status on the example's port: %d, want the status JSON", st.StatusCode)
+	}
+
 	// The start-up path check finds the demo's model list: a new user's
 	// first start shows no "provider url may be wrong" for the demo.
 	demoModels, err := testClient.Get(fmt.Sprintf("http://127.0.0.1:%d/v1/models", demoPort))

@@ -124,6 +124,9 @@ func TestAdminLoadErrorNamesFieldAndEntry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Caddy starts a new admin server for the candidate before it
+			// finds the mistake, and stops the old one in the background.
+			awaitOldListeners(t, p.config(h))
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusBadRequest {

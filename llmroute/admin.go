@@ -39,8 +39,13 @@ func init() {
 //     format by its Content-Type as /load takes it) — what loading it would
 //     change and carry over, checked as /load checks it, applied nowhere
 //     (plan.go);
+//   - GET /llm_route/history — the last 15 minutes per upstream, model,
+//     client key and pool, in 10-second buckets (history.go);
 //   - GET /llm_route/ — an HTML status page, rendered with the snapshot and
-//     refreshed by its script every second.
+//     refreshed by its script every second, with charts of the history.
+//
+// The http.handlers.llm_route_status handler serves the same answers on
+// an ordinary site (statushandler.go).
 //
 // It has no configuration: Caddy loads every admin.api module by itself.
 type adminAPI struct{}
@@ -59,6 +64,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/llm_route/status", Handler: caddy.AdminHandlerFunc(a.handleStatus)},
 		{Pattern: "/llm_route/explain", Handler: caddy.AdminHandlerFunc(a.handleExplain)},
 		{Pattern: "/llm_route/plan", Handler: caddy.AdminHandlerFunc(a.handlePlan)},
+		{Pattern: "/llm_route/history", Handler: caddy.AdminHandlerFunc(a.handleHistory)},
 		{Pattern: "/llm_route/", Handler: caddy.AdminHandlerFunc(a.handlePage)},
 	}
 }
@@ -101,6 +107,13 @@ func (adminAPI) handleStatus(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeAdminJSON(w, snapshot(time.Now()))
+}
+
+func (adminAPI) handleHistory(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyGet(r); err != nil {
+		return err
+	}
+	return writeAdminJSON(w, historyOf(time.Now()))
 }
 
 // maxExplainBody bounds a POSTed explain body: a long agent conversation.
@@ -200,14 +213,25 @@ func (adminAPI) handleExplain(w http.ResponseWriter, r *http.Request) error {
 // handlePage serves the status page and its two assets; anything else under
 // /llm_route/ is a 404.
 func (adminAPI) handlePage(w http.ResponseWriter, r *http.Request) error {
+	name, ok := strings.CutPrefix(r.URL.Path, "/llm_route/")
+	if !ok {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("not found")}
+	}
+	return servePage(w, r, name)
+}
+
+// servePage serves the page ("") or one of its assets ("page.js",
+// "page.css"). The page names its assets and the JSON answers by relative
+// URLs, so it works wherever it is mounted.
+func servePage(w http.ResponseWriter, r *http.Request, name string) error {
 	if err := onlyGet(r); err != nil {
 		return err
 	}
 	hdr := w.Header()
 	hdr.Set("Cache-Control", "no-store")
 	hdr.Set("X-Content-Type-Options", "nosniff")
-	switch r.URL.Path {
-	case "/llm_route/":
+	switch name {
+	case "":
 		var buf bytes.Buffer
 		if err := pageTemplate.Execute(&buf, snapshot(time.Now())); err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
@@ -215,10 +239,10 @@ func (adminAPI) handlePage(w http.ResponseWriter, r *http.Request) error {
 		hdr.Set("Content-Security-Policy", pageCSP)
 		hdr.Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = w.Write(buf.Bytes())
-	case "/llm_route/page.js":
+	case "page.js":
 		hdr.Set("Content-Type", "text/javascript; charset=utf-8")
 		_, _ = w.Write(pageJS)
-	case "/llm_route/page.css":
+	case "page.css":
 		hdr.Set("Content-Type", "text/css; charset=utf-8")
 		_, _ = w.Write(pageCSS)
 	default:

@@ -370,6 +370,7 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 	u.led.ReleaseLong(t.long) // before the slot: its release wakes the queue
 	n := u.release()
 	now := time.Now()
+	t.recordAttempt(now.UnixNano(), res.result, n+1)
 	if res.out == outFailover && !res.noBlame || res.fault {
 		u.recordFailure(now, h.logger)
 		u.State.NoteFailure(res.result, now)

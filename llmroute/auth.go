@@ -101,6 +101,8 @@ type clientKey struct {
 	// spend series, looked up once instead of hashing labels per request.
 	tokens [4]prometheus.Counter
 	spend  prometheus.Counter
+	// hist is the key's ring of the last minutes (history.go).
+	hist *history
 }
 
 // allows reports whether the key may use the model named name.
@@ -202,6 +204,11 @@ func (h *Handler) provisionKeys() error {
 			k.tokens[i] = keyMetrics.tokens.WithLabelValues(k.id, typ)
 		}
 		k.spend = keyMetrics.spend.WithLabelValues(k.id)
+		if h.keyHist == nil {
+			h.keyHist = make(map[string]*history)
+		}
+		k.hist = h.adoptHistory("key/"+k.id, kFields)
+		h.keyHist[k.id] = k.hist
 		h.keys[k.hash] = k
 	}
 	if len(errs) > 0 {

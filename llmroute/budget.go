@@ -334,8 +334,16 @@ func (h *Handler) settleAttempt(kr *keyReq, t *target, res attemptResult) {
 		h.keyStore.Record(kr.k.id, actual, time.Now())
 	}
 	kr.hold = keys.Hold{}
+	now := time.Now().UnixNano()
+	kr.k.hist.add(now, 2, actual.Spend)
+	kr.k.hist.add(now, 3, actual.Tokens)
 	if res.out != outFailover {
 		kr.served(res.result)
+		if res.result == resultOK {
+			kr.k.hist.add(now, 0, 1)
+		} else {
+			kr.k.hist.add(now, 1, 1)
+		}
 	}
 }
 

@@ -59,8 +59,9 @@
 // Beside the path: handler.go (the config and its godoc), config.go,
 // duration.go, provision.go and pathcheck.go (the start-up check of each
 // provider's URL) set a config up; metrics.go, status.go, admin.go,
-// routeheaders.go, tracing.go and cli/ show what the handler decided and
-// why; keyusage.go keeps keys' usage in Caddy's storage; errors.go holds
+// statushandler.go (the same page and answers on a site), history.go (the
+// last 15 minutes' rings), routeheaders.go, tracing.go and cli/ show what
+// the handler decided and why; keyusage.go keeps keys' usage in Caddy's storage; errors.go holds
 // the proxy's own errors; registry.go the running handlers. The pure
 // packages transform, wire/*, keys, redisstate, placement (pool placement
 // policies and the prefix index; not wired in yet) and internal/jsonscan

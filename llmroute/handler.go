@@ -162,6 +162,12 @@ type Handler struct {
 	keys     map[[32]byte]*clientKey // by SHA-256 of the secret; nil = no keys configured
 	keyIDs   []string                // accounts this instance acquired in the process's key store (ledger.LocalKeys)
 	keyStore keys.Store              // its ledger's
+	// The rings of the last minutes (history.go): the references this
+	// instance holds in the pool of histories, and the models' and keys'
+	// rings by name (upstreams, pools and keys also carry theirs).
+	histKeys  []string
+	modelHist map[string]*history
+	keyHist   map[string]*history
 	// usageStorage is where the keys' usage is saved (keyusage.go); nil
 	// when it is not (state redis, or no keys).
 	usageStorage usageStorage

@@ -62,6 +62,8 @@ type pool struct {
 	stateKey    string // its key in poolStates
 	// counters are llm_proxy_placements_total by member and reason kind.
 	counters [][kindWaited + 1]prometheus.Counter
+	// hist is the pool's ring of the last minutes (history.go).
+	hist *history
 }
 
 // poolState is what a pool learns and outlives a reload that keeps the
@@ -99,7 +101,8 @@ func (h *Handler) compilePools(pcs []Pool) map[string]*pool {
 		p := &pool{id: pc.ID, policy: policy, members: pc.Upstreams, affinityKey: pc.AffinityKey,
 			wait: durationOr(0, pc.AffinityWait), ttl: durationOr(time.Hour, pc.AffinityTTL),
 			place:   placement.Pool{Policy: policy, Threshold: threshold},
-			keyless: placement.Pool{Policy: placement.LeastBusy}}
+			keyless: placement.Pool{Policy: placement.LeastBusy},
+			hist:    h.adoptHistory("pool/"+pc.ID, pFields)}
 		for _, m := range pc.Upstreams {
 			p.memberIDs = append(p.memberIDs, placement.HashString(m))
 			var cs [kindWaited + 1]prometheus.Counter
@@ -500,6 +503,7 @@ func (pl *placing) sent(hdr http.Header, t *target, now time.Time) {
 	if kind != 0 {
 		p.counters[t.member][kind].Inc()
 		p.state.members[t.member].placed[kind].Add(1)
+		p.hist.add(now.UnixNano(), int(kind), 1)
 	}
 	pl.placed, pl.placedAt = placementHeader(p.policy, reason, kind, pl.waited), t.base
 	if hdr != nil {
@@ -559,6 +563,9 @@ func (pl *placing) served(t *target, us transform.Usage, led ledger.Ledger) {
 		st := &p.state.members[t.member]
 		st.prompt.Add(us.Input)
 		st.cached.Add(min(us.CachedInput, us.Input))
+		now := time.Now().UnixNano()
+		p.hist.add(now, pPrompt, us.Input)
+		p.hist.add(now, pCached, min(us.CachedInput, us.Input))
 	}
 	if p.policy != placement.CacheAware {
 		return

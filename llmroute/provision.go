@@ -270,6 +270,7 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		reasoning:   p.ReasoningField,
 		emptyOK:     p.ReasoningEmptyOK,
 		price:       compilePrices(uc),
+		hist:        h.adoptHistory("upstream/"+uc.ID, hFields),
 	}
 	target, err := url.Parse(u.url)
 	if err != nil {
@@ -403,6 +404,14 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 		rt.queueSize = *m.QueueSize
 	}
 	rt.queueTimeout = durationOr(defaultQueueTimeout, m.QueueTimeout, h.QueueTimeout)
+	mhist := h.modelHist[m.Name]
+	if mhist == nil {
+		if h.modelHist == nil {
+			h.modelHist = make(map[string]*history)
+		}
+		mhist = h.adoptHistory("model/"+m.Name, hFields)
+		h.modelHist[m.Name] = mhist
+	}
 	for _, ct := range h.chainUpstreams(m.Upstreams) {
 		u := ct.u
 		counters := make(map[string]prometheus.Counter, len(allResults))
@@ -415,7 +424,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 			ReasoningField:   u.reasoning,
 			ReasoningEmptyOK: u.emptyOK,
 		}, pool: ct.pool, step: ct.step, base: len(rt.targets), member: ct.member, memberID: placement.HashString(u.ID), weight: ct.weight,
-			model: m.Name})
+			model: m.Name, mhist: mhist})
 	}
 	return rt, nil
 }
@@ -517,6 +526,7 @@ func (h *Handler) Cleanup() error {
 	h.refs.Release()
 	h.releasePools()
 	h.releaseKeys()
+	h.releaseHistories()
 	h.releaseState()
 	leaveGeneration(h)
 	return nil

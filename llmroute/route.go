@@ -49,7 +49,8 @@ type upstream struct {
 	ledger.Upstream
 
 	model              string
-	idAny, providerAny any // id and provider boxed once, for placeholders
+	idAny, providerAny any      // id and provider boxed once, for placeholders
+	hist               *history // the last minutes' traffic (history.go)
 	// timings: a member of a cache_aware pool, whose answers are read for
 	// llama.cpp's timings too (the cache it reused).
 	timings bool
@@ -141,6 +142,8 @@ type target struct {
 	// model is the model the target belongs to: in a router model's
 	// chain, the used model (the completion log's chain_model).
 	model string
+	// mhist is model's ring of the last minutes (history.go).
+	mhist *history
 }
 
 // ledger returns the ledger the route's upstreams count in (all of one

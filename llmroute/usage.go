@@ -101,9 +101,19 @@ func (h *Handler) observeRequest(t *target, res attemptResult, arrival time.Time
 	if !res.firstByte.IsZero() {
 		s.ttft.Observe(res.firstByte.Sub(arrival).Seconds())
 	}
+	now := time.Now()
 	if o := s.duration[res.result]; o != nil {
-		o.Observe(time.Since(arrival).Seconds())
+		o.Observe(now.Sub(arrival).Seconds())
 	}
+	ttft := time.Duration(-1)
+	if !res.firstByte.IsZero() {
+		ttft = res.firstByte.Sub(arrival)
+	}
+	var output int64
+	if res.usage.Seen {
+		output = res.usage.Output
+	}
+	t.recordAnswer(now.UnixNano(), ttft, output)
 }
 
 // observeOverhead records the first attempt's time from arrival to the

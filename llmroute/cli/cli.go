@@ -8,6 +8,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"os"
+	"os/signal"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,15 +32,17 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "llm-route",
-		Usage: "status | explain <model> [--tokens <n>] [--api <api>] [--session <key>] [--effort <e>] [--attr <name>=<value>]... [--address <admin>] [--config <path> [--adapter <name>]]",
+		Usage: "status [--watch [--interval <d>] [--frames <n>]] | explain <model> [--tokens <n>] [--api <api>] [--session <key>] [--effort <e>] [--attr <name>=<value>]... [--address <admin>] [--config <path> [--adapter <name>]]",
 		Short: "Shows the llm_route router's live state from the admin API",
 		Long: `
 Reads the llm_route admin API (GET /llm_route/status and /llm_route/explain)
 of a running Caddy and prints tables.
 
-  caddy llm-route status
+  caddy llm-route status [--watch [--interval 2s]]
       every upstream (slots in use / limit, cooling and why, fail streak,
-      probes), every model (its upstreams in order, queue) and provider.
+      probes), every model (its upstreams in order, queue) and provider;
+      --watch redraws them with the last 15 minutes as sparklines
+      (GET /llm_route/history) until Ctrl-C.
 
   caddy llm-route explain <model> [--tokens <n>]
       where a request for <model> would go right now, and why each upstream
@@ -68,9 +73,19 @@ non-zero when the admin API is off or cannot be reached.
 					if err != nil {
 						return err
 					}
+					if watch, _ := c.Flags().GetBool("watch"); watch {
+						interval, _ := c.Flags().GetDuration("interval")
+						frames, _ := c.Flags().GetInt("frames")
+						ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+						defer stop()
+						return Watch(ctx, c.OutOrStdout(), addr, interval, frames)
+					}
 					return Status(c.OutOrStdout(), addr)
 				},
 			}
+			status.Flags().Bool("watch", false, "Redraw the tables and the last 15 minutes' sparklines until Ctrl-C")
+			status.Flags().Duration("interval", 2*time.Second, "How often --watch redraws")
+			status.Flags().Int("frames", 0, "With --watch, stop after this many frames (0: until Ctrl-C)")
 			explain := &cobra.Command{
 				Use:   "explain <model>",
 				Short: "Explains where a request for the model would go now",
