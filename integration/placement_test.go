@@ -489,6 +489,9 @@ func TestCacheAwarePinSharedThroughRedis(t *testing.T) {
 	a, b := startInstance(t, conf), startInstance(t, conf)
 	waitHealthy(t, a, true)
 	waitHealthy(t, b, true)
+	rc := rs.client()
+	defer rc.Close()
+	pins := 0
 	for _, c := range []*conversation{newConversation("r1", "You are a careful coding agent."), newConversation("r2", "You are a careful coding agent.")} {
 		hdr := []string{"X-Session-Affinity", "s-" + c.id}
 		home := ""
@@ -500,6 +503,14 @@ func TestCacheAwarePinSharedThroughRedis(t *testing.T) {
 			got, placed := send(t, in, c.next(turn, ""), hdr...)
 			if turn == 0 {
 				home = got
+				// The pin is written when the first turn settles, which
+				// may be a moment after its answer reached the client; a
+				// real agent's next turn comes seconds later.
+				pins++
+				eventually(t, 5*time.Second, "the first turn's pin in Redis", func() bool {
+					keys, _ := rc.Keys(context.Background(), "pin:aff:gpus:*").Result()
+					return len(keys) == pins
+				})
 			} else if got != home || placed != "cache_aware pinned" {
 				t.Errorf("%s turn %d on instance %d: %s (%s), want pinned to %s", c.id, turn, turn%2, got, placed, home)
 			}
