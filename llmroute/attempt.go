@@ -66,6 +66,9 @@ type attemptResult struct {
 	// noBlame: a failover that records no failure (a context-length
 	// refusal: the upstream is fine, the prompt too long for it).
 	noBlame bool
+	// keyFault: the provider refused the pool key the exchange was sent
+	// with, which now cools (keypool.go); the run tries another key.
+	keyFault keyFault
 	// next is the target a context-length refusal already claimed for the
 	// failover (0: none; a claimed next is never the route's first).
 	next int

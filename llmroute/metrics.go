@@ -34,10 +34,13 @@ type routeMetrics struct {
 	// rules counts router model requests by rule and effort (rules.go).
 	rules *prometheus.CounterVec
 	// judge counts router models' judge questions by result (judge.go).
-	judge    *prometheus.CounterVec
-	byReason map[string]prometheus.Counter
-	state    stateCollector
-	vis      visibilityMetrics // usage.go
+	judge *prometheus.CounterVec
+	// keyRequests counts exchanges sent with a provider pool key, by
+	// the key's index and how the provider took it (keypool.go).
+	keyRequests *prometheus.CounterVec
+	byReason    map[string]prometheus.Counter
+	state       stateCollector
+	vis         visibilityMetrics // usage.go
 }
 
 func getMetrics() *routeMetrics {
@@ -80,6 +83,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_judge_total",
 				Help: "Questions to router models' judges (experimental), by result: low, medium, high (the answer, taken); late, error, unparsable (medium instead); busy (no slot free at once, not asked), empty (no user text, not asked), cancelled (the client left).",
 			}, []string{"model", "result"}),
+			keyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_provider_key_requests_total",
+				Help: "Requests sent with a key of a provider's key pool, by provider, key (its index in keys, never the key) and result: ok (the provider took the key), auth, quota, rate (it refused the key, which cools), failed (the exchange failed for another reason).",
+			}, []string{"provider", "key", "result"}),
 			vis: newVisibilityMetrics(),
 		}
 		// Every reason's series exists from the start (at 0), so that a
@@ -107,7 +114,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.judge, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.judge, m.keyRequests, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
