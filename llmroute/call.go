@@ -121,7 +121,7 @@ func (c *call) limit() time.Time {
 // returns. Wrapped as NopCloser(*bytes.Reader), net/http knows it is in
 // memory and sends headers and body in one write.
 func (c *call) request(dst *url.URL, out []byte) *http.Request {
-	if !c.keyed && !c.takeKey(time.Now()) {
+	if !c.keyed && !c.takeKey() {
 		// Every key of the pool cools: a sender other than an attempt (a
 		// probe, a continuation) goes with the key that comes back first.
 		c.key, _ = c.u.keys.soonest(time.Now())

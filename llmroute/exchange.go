@@ -126,7 +126,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 		return attemptResult{out: outDone, result: result4xx, status: status}
 	}
 
-	if !ex.takeKey(time.Now()) {
+	if !ex.takeKey() {
 		return h.keysCooling(u)
 	}
 	ex.open(h.attemptContext(r.Context()))

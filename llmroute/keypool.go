@@ -349,7 +349,7 @@ func (h *Handler) takeOwnKeys(r *http.Request) []ownKey {
 // client_key_header), else one of the provider's pool that is not
 // cooling, else the provider's one key. false: every key of the pool
 // cools.
-func (c *call) takeKey(now time.Time) bool {
+func (c *call) takeKey() bool {
 	u := c.u
 	c.keyed, c.auth, c.key, c.ownKey = true, u.authValue, nil, false
 	if u.ownKeyHdr != "" {
@@ -363,7 +363,7 @@ func (c *call) takeKey(now time.Time) bool {
 	if u.keys == nil {
 		return true
 	}
-	if c.key = u.keys.pick(now); c.key == nil {
+	if c.key = u.keys.pick(time.Now()); c.key == nil {
 		return false
 	}
 	c.auth = c.key.authValue
