@@ -265,6 +265,7 @@ type liveSeries struct {
 	rules     map[[2]string]bool // router model, rule
 	shadows   map[string]bool    // shadow models
 	judged    map[string]bool    // router models with a judge
+	provKeys  map[[2]string]bool // provider, index of a pool key
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -278,6 +279,7 @@ func seriesOf(g *generation) liveSeries {
 		rules:     make(map[[2]string]bool),
 		shadows:   make(map[string]bool),
 		judged:    make(map[string]bool),
+		provKeys:  make(map[[2]string]bool),
 	}
 	if g == nil {
 		return s
@@ -293,6 +295,11 @@ func seriesOf(g *generation) liveSeries {
 		}
 		for _, u := range h.table.upstreams {
 			s.upstreams[[2]string{u.ID, u.Provider}] = true
+			if u.keys != nil {
+				for _, k := range u.keys.keys {
+					s.provKeys[[2]string{u.Provider, k.label}] = true
+				}
+			}
 		}
 		for _, rt := range h.table.routes {
 			if rt.rules != nil {
@@ -345,6 +352,9 @@ func pruneSeries(g *generation) {
 	})
 	deleteSeries(m.judge, func(l prometheus.Labels) bool {
 		return live.judged[l["model"]]
+	})
+	deleteSeries(m.keyRequests, func(l prometheus.Labels) bool {
+		return live.provKeys[[2]string{l["provider"], l["key"]}]
 	})
 	m.vis.prune(live)
 	pruneKeySeries(live.keys)
