@@ -221,6 +221,11 @@ func TestKeyPoolRoundRobinCyclesExactly(t *testing.T) {
 		}
 	}
 	c.scan(t, p, poolKeys...)
+	// A reload without the pool drops its key series.
+	p.load(basicConfig(pool, 0))
+	if m := p.metrics(); strings.Contains(m, `llm_proxy_provider_key_requests_total{key="0",provider="pool"`) {
+		t.Errorf("the removed pool's key series are still exported")
+	}
 }
 
 func TestKeyPoolRandomSpreadsEvenly(t *testing.T) {
