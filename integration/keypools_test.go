@@ -475,6 +475,11 @@ func TestKeyPoolStatusAndMetricsOfAMixedPool(t *testing.T) {
 	for _, l := range p.logEntries("provider key cooling") {
 		t.Logf("log: key %v reason %v cooling %v", l["key"], l["reason"], l["cooling"])
 	}
+	for _, l := range p.logEntries("request completed") {
+		if l["key"] != "2" {
+			t.Errorf("request completed names key %v, want 2 (the key that answered)", l["key"])
+		}
+	}
 	want := map[int]string{0: "cooling", 1: "cooling", 2: "ok"}
 	for i, w := range want {
 		if got, _ := s.keyState("pool", i); got != w {

@@ -103,8 +103,12 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 		own: fr.own}, w: w, t: t, fr: *fr}
 	defer ex.out.clearDeadline()
 	res := ex.run(body)
-	if ex.key != nil {
+	switch {
+	case ex.key != nil:
 		ex.key.count(&res)
+		res.key = ex.key.label
+	case ex.ownKey:
+		res.key = "own"
 	}
 	res.api, res.mode = fr.api, ex.mode()
 	res.usage, res.sent, res.firstByte = ex.out.usage.Usage, ex.sent, ex.out.firstWrite
