@@ -630,6 +630,9 @@ func TestKeyPoolCooldownSharedThroughRedis(t *testing.T) {
 	if len(got) != 6 {
 		t.Errorf("instance b's calls %v, want 6", got)
 	}
+	var c captured
+	c.scan(t, a.proxy, poolKeys...)
+	c.scan(t, b.proxy, poolKeys...)
 }
 
 // Bad key pool settings are provision errors that name the provider.
