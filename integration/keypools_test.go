@@ -475,6 +475,9 @@ func TestKeyPoolStatusAndMetricsOfAMixedPool(t *testing.T) {
 	for _, l := range p.logEntries("provider key cooling") {
 		t.Logf("log: key %v reason %v cooling %v", l["key"], l["reason"], l["cooling"])
 	}
+	if l := p.logEntries("retrying with another provider key"); len(l) != 2 || l[0]["key"] != "0" || l[1]["key"] != "1" {
+		t.Errorf("retry log lines %v, want key 0 then key 1", l)
+	}
 	for _, l := range p.logEntries("request completed") {
 		if l["key"] != "2" {
 			t.Errorf("request completed names key %v, want 2 (the key that answered)", l["key"])

@@ -407,7 +407,7 @@ func (h *Handler) nextKey(rt *route, t *target, res *attemptResult, run *retryRu
 		h.countAttempt(rt, t, *res)
 		if c := h.logger.Check(zapcore.InfoLevel, "retrying with another provider key"); c != nil {
 			c.Write(zap.String("model", rt.name), zap.String("upstream", u.ID), zap.String("result", res.result),
-				zap.Int("status", res.status), zap.String("reason", res.keyFault.String()))
+				zap.Int("status", res.status), zap.String("reason", res.keyFault.String()), optionalString("key", res.key))
 		}
 		return true
 	}
