@@ -72,6 +72,12 @@ func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, 
 //	    provider <id> {
 //	        url                 <base url>
 //	        key                 <key or placeholder>
+//	        keys                <key> [<key>...]      # a pool, instead of key; repeatable
+//	        key_rotation        random|round_robin|least_used
+//	        key_cooldown_auth   <duration>
+//	        key_cooldown_quota  <duration>
+//	        key_cooldown_rate   <duration>
+//	        client_key_header   <header name>
 //	        max_concurrency     <int>
 //	        capacity            <int>
 //	        session_header      <header name>
@@ -485,7 +491,7 @@ func (p *parser) provider() error {
 	headerLines := map[string]int{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
-		if name != "header" && name != "forward_headers" {
+		if name != "header" && name != "forward_headers" && name != "keys" {
 			if err := seen.once(d, where, name); err != nil {
 				return err
 			}
@@ -499,6 +505,20 @@ func (p *parser) provider() error {
 			}
 		case "key":
 			prov.Key, err = p.str(where, name)
+		case "keys": // repeatable: each line appends
+			var keys []string
+			keys, err = p.args(where, name, 1, -1)
+			prov.Keys = append(prov.Keys, keys...)
+		case "key_rotation":
+			prov.KeyRotation, err = p.str(where, name)
+		case "key_cooldown_auth":
+			prov.KeyCooldownAuth, err = p.duration(where, name)
+		case "key_cooldown_quota":
+			prov.KeyCooldownQuota, err = p.duration(where, name)
+		case "key_cooldown_rate":
+			prov.KeyCooldownRate, err = p.duration(where, name)
+		case "client_key_header":
+			prov.ClientKeyHeader, err = p.str(where, name)
 		case "max_concurrency":
 			prov.MaxConcurrency, err = p.count(where, name)
 		case "capacity":
@@ -562,6 +582,9 @@ func (p *parser) provider() error {
 	}
 	if prov.URL == "" {
 		return missingURL
+	}
+	if prov.Key != "" && len(prov.Keys) > 0 {
+		return d.Errf("%skey and keys are both set; use one (keys is a pool of several)", where)
 	}
 	p.h.Providers = append(p.h.Providers, prov)
 	return nil

@@ -126,7 +126,11 @@
   function providerRow(p) {
     const tr = el("tr");
     tr.dataset.provider = p.id;
-    tr.append(el("td", "id", p.id), el("td", "inflight", String(p.inflight)), el("td", "route", p.upstreams.join(", ")));
+    // A key pool by index and fingerprint (never the key), with its state.
+    const keys = (p.keys || []).map((k) => "#" + k.index + " " + k.fingerprint + " " + k.state +
+      (k.state === "cooling" ? " " + Math.round(k.cooldown_seconds) + "s" : "")).join(", ") || "\u2014";
+    tr.append(el("td", "id", p.id), el("td", "inflight", String(p.inflight)), el("td", "route", p.upstreams.join(", ")),
+      el("td", "keys", keys));
     return tr;
   }
 

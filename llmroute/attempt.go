@@ -66,6 +66,12 @@ type attemptResult struct {
 	// noBlame: a failover that records no failure (a context-length
 	// refusal: the upstream is fine, the prompt too long for it).
 	noBlame bool
+	// keyFault: the provider refused the pool key the exchange was sent
+	// with, which now cools (keypool.go); the run tries another key.
+	keyFault keyFault
+	// key names the key the exchange went with, for the completion log:
+	// a pool key's index, "own" for a caller's own key, "" otherwise.
+	key string
 	// next is the target a context-length refusal already claimed for the
 	// failover (0: none; a claimed next is never the route's first).
 	next int
@@ -386,7 +392,8 @@ func (h *Handler) finish(rt *route, t *target, res attemptResult, start, arrival
 			zap.Int64("input_tokens", res.usage.Input), zap.Int64("output_tokens", res.usage.Output),
 			ttftField(res, arrival), zap.Duration("request_duration", now.Sub(arrival)),
 			optionalString("placement", res.placement), optionalString("affinity", res.affinity),
-			optionalString("rule", rule), optionalString("effort", effort), optionalString("chain_model", chainModel))
+			optionalString("rule", rule), optionalString("effort", effort), optionalString("chain_model", chainModel),
+			optionalString("key", res.key))
 	}
 }
 

@@ -59,6 +59,19 @@ type call struct {
 	sent   time.Time // the request went upstream
 	err    error     // the transport error that ended the call, if one did
 
+	// The key the call sends (keypool.go): own holds the caller's own
+	// keys (client_key_header); takeKey chooses, once (keyed), the header
+	// value auth: a caller's own key (ownKey), a pool key (key), or the
+	// provider's one key.
+	own    []ownKey
+	keyed  bool
+	ownKey bool
+	auth   []string
+	key    *poolKey
+	// head is the start of a failed answer's body, once peekBody read it.
+	head   []byte
+	peeked bool
+
 	resp     *http.Response
 	buf      *[]byte // copy buffer, pooled
 	first    []byte  // bytes read before committing (streams)
@@ -108,7 +121,13 @@ func (c *call) limit() time.Time {
 // returns. Wrapped as NopCloser(*bytes.Reader), net/http knows it is in
 // memory and sends headers and body in one write.
 func (c *call) request(dst *url.URL, out []byte) *http.Request {
-	return c.h.upstreamRequest(c.ctx, c.r, c.u, dst, out, io.NopCloser(bytes.NewReader(out)))
+	if !c.keyed && !c.takeKey() {
+		// Every key of the pool cools: a sender other than an attempt (a
+		// probe, a continuation) goes with the key that comes back first.
+		c.key, _ = c.u.keys.soonest(time.Now())
+		c.auth = c.key.authValue
+	}
+	return c.h.upstreamRequest(c.ctx, c.r, c.u, c.auth, dst, out, io.NopCloser(bytes.NewReader(out)))
 }
 
 // send sends req and reads the start of the answer. ok: the answer is the
@@ -154,7 +173,13 @@ func (c *call) classify() (attemptResult, bool) {
 		return res, true
 	case refusal == refusalLast: // delivered as it came, even a 500
 		return attemptResult{}, false
-	case !failoverStatus(resp.StatusCode) || clientsNotFound(resp.StatusCode, c.peekNotFound()):
+	}
+	if c.key != nil || c.ownKey {
+		if res, refused := c.keyRefused(); refused {
+			return res, true
+		}
+	}
+	if !failoverStatus(resp.StatusCode) || clientsNotFound(resp.StatusCode, c.peekNotFound()) {
 		return attemptResult{}, false
 	}
 	retryAfter := retryAfterOf(resp, time.Now())
@@ -162,6 +187,40 @@ func (c *call) classify() (attemptResult, bool) {
 	c.drainFailed()
 	c.w8.stop()
 	return attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode, retryAfter: retryAfter}, true
+}
+
+// keyRefused sorts an answer to a call sent with a pool key or a caller's
+// own key: a refusal of the key (keyFaultOf, from the status and the
+// bounded head of the body) fails over. A pool key cools for it, and the
+// run tries another key (tryAgain); a caller's own key is never cooled,
+// and its refusal is not the upstream's fault (no blame).
+func (c *call) keyRefused() (attemptResult, bool) {
+	resp := c.resp
+	var head []byte
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusForbidden, http.StatusTooManyRequests:
+		head = c.peekBody() // quota and billing errors say so in the body
+	case http.StatusUnauthorized, http.StatusPaymentRequired:
+	default:
+		return attemptResult{}, false
+	}
+	f := keyFaultOf(resp.StatusCode, head)
+	if f == keyFine {
+		return attemptResult{}, false
+	}
+	now := time.Now()
+	retryAfter := retryAfterOf(resp, now)
+	c.w8.arm(drainTimeout, codeDrain)
+	c.drainFailed()
+	c.w8.stop()
+	res := attemptResult{out: outFailover, result: statusResult(resp.StatusCode), status: resp.StatusCode}
+	if c.ownKey {
+		res.noBlame = true
+		return res, true
+	}
+	res.retryAfter, res.keyFault = retryAfter, f
+	c.h.coolKey(c.u, c.key, f, retryAfter, resp.StatusCode)
+	return res, true
 }
 
 // testHookFirstRead, when set by a test, runs between a stream's first read

@@ -74,6 +74,9 @@ func (c *call) peekNotFound() []byte {
 // failover), and puts it back in front of the body, so an answer that is
 // then passed on reaches the client whole.
 func (c *call) peekBody() []byte {
+	if c.peeked {
+		return c.head
+	}
 	resp := c.resp
 	c.w8.arm(drainTimeout, codeDrain)
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalPeek))
@@ -82,6 +85,7 @@ func (c *call) peekBody() []byte {
 		io.Reader
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	c.head, c.peeked = head, true
 	return head
 }
 
@@ -173,6 +177,9 @@ func (c *call) drainFailed() {
 	n, _ := io.ReadFull(resp.Body, head[:])
 	drain(resp.Body)
 	body := redactSecrets(string(head[:n]), u.auth)
+	if c.auth != nil {
+		body = redactSecrets(body, c.auth[0])
+	}
 	if notFoundStatus(resp.StatusCode) {
 		if ce := c.log.Check(zapcore.ErrorLevel, "upstream has no such endpoint"); ce != nil {
 			tried := u.url
@@ -187,8 +194,20 @@ func (c *call) drainFailed() {
 	}
 	if ce := c.log.Check(zapcore.WarnLevel, "upstream refused the provider key"); ce != nil {
 		ce.Write(zap.String("upstream", u.ID), zap.String("provider", u.Provider), zap.Int("status", resp.StatusCode),
-			zap.String("body", body))
+			zap.String("body", body), c.keyField())
 	}
+}
+
+// keyField names the call's key in a log line: a pool key's index, or
+// "own" for a caller's own key; nothing for the provider's one key.
+func (c *call) keyField() zap.Field {
+	switch {
+	case c.key != nil:
+		return zap.Int("key", c.key.index)
+	case c.ownKey:
+		return zap.String("key", "own")
+	}
+	return zap.Skip()
 }
 
 // notFoundHint says what to check when an upstream answers 404/405: the

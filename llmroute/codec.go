@@ -238,6 +238,9 @@ type frontReq struct {
 	rule      *rule
 	effort    effort
 	effortSrc effortSource
+	// own are the caller's own provider keys (client_key_header,
+	// keypool.go); nil for none.
+	own []ownKey
 }
 
 // buildBody makes an attempt's outgoing body and picks the endpoint, as the

@@ -34,6 +34,47 @@ type Provider struct {
 	// `GET /config/`. The key never appears in a log, an error or a metric.
 	Key string `json:"key,omitempty"`
 
+	// Keys is a pool of keys used instead of Key (setting both is an
+	// error), numbered from 0 in list order; each resolves placeholders as
+	// Key does. Every attempt takes one key that is not cooling, as
+	// KeyRotation says; a key the provider refuses cools by why it was
+	// refused (KeyCooldownAuth, KeyCooldownQuota, KeyCooldownRate) and the
+	// request is sent again at once with another key. Only when every key
+	// cools does the attempt count as a failure of the upstream, which
+	// then cools until the first key comes back. Logs, metrics and the
+	// status name a key by its index and a short hash, never the key.
+	// Default: none (Key alone).
+	Keys []string `json:"keys,omitempty"`
+
+	// KeyRotation is how an attempt picks among Keys that are not
+	// cooling: `random` (default: an even spread), `round_robin` (in
+	// turn) or `least_used` (the key with the fewest requests so far, so a
+	// key that comes back after a cooldown catches up).
+	KeyRotation string `json:"key_rotation,omitempty"`
+
+	// KeyCooldownAuth is how long a key of Keys is left out after the
+	// provider refused it (401 or 403). Default 24h.
+	KeyCooldownAuth *Duration `json:"key_cooldown_auth,omitempty"`
+
+	// KeyCooldownQuota is how long a key of Keys is left out after a
+	// quota or billing refusal: a 402, or an error body that says
+	// `insufficient_quota`, a billing error or a credit balance too low
+	// (OpenAI, Anthropic, OpenRouter). Default 1h.
+	KeyCooldownQuota *Duration `json:"key_cooldown_quota,omitempty"`
+
+	// KeyCooldownRate is how long a key of Keys is left out after a 429
+	// that is not about quota and has no Retry-After (a Retry-After, of
+	// any length, is used instead). Default 1m.
+	KeyCooldownRate *Duration `json:"key_cooldown_rate,omitempty"`
+
+	// ClientKeyHeader names a request header (e.g. `X-Provider-Key`)
+	// whose value, when a request carries it, is this provider's key for
+	// that request (sent in the provider's Auth header) instead of Key or
+	// Keys: the caller brings its own key. It is never logged, stored or
+	// cooled, and the header never goes upstream: other providers of the
+	// chain get their own key. Default: none.
+	ClientKeyHeader string `json:"client_key_header,omitempty"`
+
 	// MaxConcurrency is the default slot limit of this provider's upstreams
 	// (in-flight requests per upstream). 0 or absent means unlimited unless
 	// the upstream sets its own.
@@ -589,6 +630,7 @@ func validateConfig(providers []Provider, upstreams []Upstream, pools []Pool, mo
 		if _, ok := authHeaders[p.Auth]; !ok {
 			bad("%s: auth: %q is not bearer, x-api-key, api-key or x-goog-api-key", where, p.Auth)
 		}
+		checkKeyPool(bad, where, &p)
 	}
 
 	upstreamIDs := make(map[string]bool, len(upstreams))

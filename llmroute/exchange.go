@@ -99,10 +99,17 @@ func (s *rewriteSink) end() error {
 
 // exchange does the HTTP work of an attempt.
 func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, body []byte, fr *frontReq) attemptResult {
-	ex := &exchange{call: call{h: h, u: t.up, r: r, log: h.logger, stream: fr.stream, firstByte: t.up.firstByte, rt: fr.rt, idx: fr.idx, pl: fr.place},
-		w: w, t: t, fr: *fr}
+	ex := &exchange{call: call{h: h, u: t.up, r: r, log: h.logger, stream: fr.stream, firstByte: t.up.firstByte, rt: fr.rt, idx: fr.idx, pl: fr.place,
+		own: fr.own}, w: w, t: t, fr: *fr}
 	defer ex.out.clearDeadline()
 	res := ex.run(body)
+	switch {
+	case ex.key != nil:
+		ex.key.count(&res)
+		res.key = ex.key.label
+	case ex.ownKey:
+		res.key = "own"
+	}
 	res.api, res.mode = fr.api, ex.mode()
 	res.usage, res.sent, res.firstByte = ex.out.usage.Usage, ex.sent, ex.out.firstWrite
 	return res
@@ -123,6 +130,9 @@ func (ex *exchange) run(body []byte) attemptResult {
 		return attemptResult{out: outDone, result: result4xx, status: status}
 	}
 
+	if !ex.takeKey() {
+		return h.keysCooling(u)
+	}
 	ex.open(h.attemptContext(r.Context()))
 	defer ex.close()
 	req := ex.request(u.urls[ep], out)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 
 	"go.uber.org/zap"
@@ -268,13 +269,23 @@ func (h *Handler) provisionRequests() error {
 		h.maxRewrite = defaultMaxRewrite
 	}
 
+	// A client_key_header carries a caller's key: it is taken out of every
+	// request (takeOwnKeys) and never forwarded, whatever forward_headers says.
+	h.ownKeyHdrs = nil
+	for _, p := range h.Providers {
+		if name := http.CanonicalHeaderKey(p.ClientKeyHeader); name != "" && !slices.Contains(h.ownKeyHdrs, name) {
+			h.ownKeyHdrs = append(h.ownKeyHdrs, name)
+		}
+	}
 	forward := make(map[string][]string, len(h.Providers))
 	for _, p := range h.Providers {
 		for _, name := range p.ForwardHeaders {
 			if !validHeaderName(name) {
 				return fmt.Errorf("llm_route config: provider %q: forward_headers: %q is not a valid header name", p.ID, name)
 			}
-			forward[p.ID] = append(forward[p.ID], http.CanonicalHeaderKey(name))
+			if canon := http.CanonicalHeaderKey(name); !slices.Contains(h.ownKeyHdrs, canon) {
+				forward[p.ID] = append(forward[p.ID], canon)
+			}
 		}
 	}
 	for _, u := range h.table.upstreams {

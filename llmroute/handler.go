@@ -155,6 +155,10 @@ type Handler struct {
 	maxRewrite     int64
 	routeHeaders   bool
 
+	// ownKeyHdrs are the providers' client_key_header names, canonical,
+	// each once: taken out of every request (keypool.go).
+	ownKeyHdrs []string
+
 	corsAny     bool     // cors lists "*"
 	corsOrigins []string // the other listed origins
 	watchKeys   []string // top-level keys checked for duplicates (transform.ParseRequestKeys)

@@ -53,7 +53,9 @@ func (u *upstream) buildHeaderValues() {
 // headers (see forwardable), the forwarding headers, the provider's key and
 // static headers, and the session header. r is nil for a probe, which
 // forwards nothing of a client.
-func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, dst *url.URL, out []byte, body io.ReadCloser) *http.Request {
+//
+// auth is the key header's value the call chose (call.takeKey), nil for none.
+func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstream, auth []string, dst *url.URL, out []byte, body io.ReadCloser) *http.Request {
 	var hdr http.Header
 	if r == nil {
 		hdr = make(http.Header, 4)
@@ -73,8 +75,8 @@ func (h *Handler) upstreamRequest(ctx context.Context, r *http.Request, u *upstr
 		hdr["Accept-Encoding"] = identityEncoding
 	}
 	hdr["Content-Type"] = jsonContentType
-	if u.authValue != nil {
-		hdr[u.authHdr] = u.authValue
+	if auth != nil {
+		hdr[u.authHdr] = auth
 	}
 	for _, kv := range u.headerValues {
 		hdr[kv.name] = kv.vals

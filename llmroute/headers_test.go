@@ -36,7 +36,7 @@ func TestUpstreamRequestHeaders(t *testing.T) {
 	}
 	r.Header.Set("Connection", "keep-alive, Accept-Language")
 	h := &Handler{}
-	got := h.upstreamRequest(context.Background(), r, u, u.target, []byte("{}"), http.NoBody).Header
+	got := h.upstreamRequest(context.Background(), r, u, u.authValue, u.target, []byte("{}"), http.NoBody).Header
 	want := http.Header{
 		"Accept": {"text/event-stream"}, "Accept-Encoding": {"gzip"}, "User-Agent": {"sdk/1"},
 		"Openai-Beta": {"x"}, "Anthropic-Version": {"2023-06-01"}, "Anthropic-Beta": {"b"},

@@ -34,10 +34,13 @@ type routeMetrics struct {
 	// rules counts router model requests by rule and effort (rules.go).
 	rules *prometheus.CounterVec
 	// judge counts router models' judge questions by result (judge.go).
-	judge    *prometheus.CounterVec
-	byReason map[string]prometheus.Counter
-	state    stateCollector
-	vis      visibilityMetrics // usage.go
+	judge *prometheus.CounterVec
+	// keyRequests counts exchanges sent with a provider pool key, by
+	// the key's index and how the provider took it (keypool.go).
+	keyRequests *prometheus.CounterVec
+	byReason    map[string]prometheus.Counter
+	state       stateCollector
+	vis         visibilityMetrics // usage.go
 }
 
 func getMetrics() *routeMetrics {
@@ -80,6 +83,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_judge_total",
 				Help: "Questions to router models' judges (experimental), by result: low, medium, high (the answer, taken); late, error, unparsable (medium instead); busy (no slot free at once, not asked), empty (no user text, not asked), cancelled (the client left).",
 			}, []string{"model", "result"}),
+			keyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_provider_key_requests_total",
+				Help: "Requests sent with a key of a provider's key pool, by provider, key (its index in keys, never the key) and result: ok (the provider took the key), auth, quota, rate (it refused the key, which cools), failed (the exchange failed for another reason).",
+			}, []string{"provider", "key", "result"}),
 			vis: newVisibilityMetrics(),
 		}
 		// Every reason's series exists from the start (at 0), so that a
@@ -107,7 +114,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.judge, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.judge, m.keyRequests, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -258,6 +265,7 @@ type liveSeries struct {
 	rules     map[[2]string]bool // router model, rule
 	shadows   map[string]bool    // shadow models
 	judged    map[string]bool    // router models with a judge
+	provKeys  map[[2]string]bool // provider, index of a pool key
 }
 
 func seriesOf(g *generation) liveSeries {
@@ -271,6 +279,7 @@ func seriesOf(g *generation) liveSeries {
 		rules:     make(map[[2]string]bool),
 		shadows:   make(map[string]bool),
 		judged:    make(map[string]bool),
+		provKeys:  make(map[[2]string]bool),
 	}
 	if g == nil {
 		return s
@@ -286,6 +295,11 @@ func seriesOf(g *generation) liveSeries {
 		}
 		for _, u := range h.table.upstreams {
 			s.upstreams[[2]string{u.ID, u.Provider}] = true
+			if u.keys != nil {
+				for _, k := range u.keys.keys {
+					s.provKeys[[2]string{u.Provider, k.label}] = true
+				}
+			}
 		}
 		for _, rt := range h.table.routes {
 			if rt.rules != nil {
@@ -338,6 +352,9 @@ func pruneSeries(g *generation) {
 	})
 	deleteSeries(m.judge, func(l prometheus.Labels) bool {
 		return live.judged[l["model"]]
+	})
+	deleteSeries(m.keyRequests, func(l prometheus.Labels) bool {
+		return live.provKeys[[2]string{l["provider"], l["key"]}]
 	})
 	m.vis.prune(live)
 	pruneKeySeries(live.keys)

@@ -80,8 +80,11 @@ func (h *Handler) checkPath(parent context.Context, u *upstream) {
 	if err != nil {
 		return // compileUpstream parsed the url's endpoints already
 	}
-	if u.auth != "" {
+	switch {
+	case u.auth != "":
 		req.Header[u.authHdr] = []string{u.auth}
+	case u.keys != nil:
+		req.Header[u.authHdr] = u.keys.keys[0].authValue
 	}
 	for a := range numAPIs {
 		if u.apis.has(a) {

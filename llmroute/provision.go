@@ -195,6 +195,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 type providerConn struct {
 	auth      string // the key header's value, or "" for none
 	authHdr   string // its name
+	authPfx   string // "Bearer " for bearer auth
+	keys      *keyPool
+	ownHdr    string // client_key_header, canonical
 	headers   [][2]string
 	transport http.RoundTripper
 }
@@ -205,6 +208,16 @@ func (h *Handler) connectProvider(ctx caddy.Context, p *Provider, repl *caddy.Re
 	where := fmt.Sprintf("llm_route config: provider %q", p.ID)
 	ah := authHeaders[p.Auth]
 	c := &providerConn{transport: h.transport, authHdr: ah.name}
+	if ah.bearer {
+		c.authPfx = "Bearer "
+	}
+	if p.ClientKeyHeader != "" {
+		c.ownHdr = http.CanonicalHeaderKey(p.ClientKeyHeader)
+	}
+	var err error
+	if c.keys, err = h.compileKeyPool(p, func(s string) string { return resolveSecret(repl, s) }, ah.bearer); err != nil {
+		return nil, err
+	}
 	key := resolveSecret(repl, p.Key)
 	switch {
 	case key != "":
@@ -263,6 +276,9 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 		url:         strings.TrimSuffix(p.URL, "/") + "/chat/completions",
 		auth:        conn.auth,
 		authHdr:     conn.authHdr,
+		authPrefix:  conn.authPfx,
+		keys:        conn.keys,
+		ownKeyHdr:   conn.ownHdr,
 		keepBill:    p.KeepBillingHeader,
 		headers:     conn.headers,
 		transport:   conn.transport,
@@ -278,6 +294,11 @@ func (h *Handler) compileUpstream(uc Upstream, p *Provider, conn *providerConn, 
 	}
 	u.target = target
 	u.buildHeaderValues()
+	if u.keys != nil {
+		for i := range u.keys.keys {
+			u.Keys = append(u.Keys, u.keys.keys[i].state) // their cooldowns are shared (state redis)
+		}
+	}
 	base := strings.TrimSuffix(p.URL, "/")
 	for ep, path := range endpointPaths {
 		if u.urls[ep], err = url.Parse(base + path); err != nil {

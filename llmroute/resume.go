@@ -280,7 +280,7 @@ func (c *continuation) try(r *http.Request, rt *route, j int, body []byte, fr *f
 		}
 		return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}, contNext
 	}
-	cl := call{h: h, u: u, r: r, log: h.logger, stream: true, firstByte: u.firstByte, rt: rt, idx: j, pl: fr.place}
+	cl := call{h: h, u: u, r: r, log: h.logger, stream: true, firstByte: u.firstByte, rt: rt, idx: j, pl: fr.place, own: fr.own}
 	cl.open(h.attemptContext(r.Context()))
 	defer cl.close()
 	ex.out.restart(cl.limit(), ex.heartbeat(), ex.plainSSE) // keepalives while this upstream thinks

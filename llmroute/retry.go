@@ -33,6 +33,7 @@ type retryRun struct {
 	start   time.Time // when the run began: request_timeout bounds its waits
 	retries int       // retries of a 5xx or connection error so far
 	waited  bool      // the run's one Retry-After wait is used
+	keys    int       // pool keys refused so far (keypool.go)
 }
 
 // nextTry decides whether the failed exchange res is tried again on the
@@ -110,6 +111,9 @@ func (h *Handler) exchangeRetrying(w http.ResponseWriter, r *http.Request, rt *r
 func (h *Handler) tryAgain(r *http.Request, rt *route, t *target, res *attemptResult, run *retryRun) bool {
 	u := t.up
 	now := time.Now()
+	if res.keyFault != keyFine {
+		return h.nextKey(rt, t, res, run, now)
+	}
 	wait, again := h.nextTry(u, *res, run, now)
 	if !again {
 		if res.out == outFailover && res.retryAfter > 0 {

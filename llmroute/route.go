@@ -60,6 +60,9 @@ type upstream struct {
 	target     *url.URL               // url, parsed once
 	auth       string                 // the key header's value ("Bearer <key>" for bearer), or "" for none
 	authHdr    string                 // the key header's canonical name (provider auth)
+	authPrefix string                 // what goes before a key in authHdr ("Bearer " for bearer)
+	keys       *keyPool               // the provider's key pool (keypool.go); nil: auth alone
+	ownKeyHdr  string                 // the provider's client_key_header, canonical; "" for none
 	urls       [numEndpoints]*url.URL // provider URL + each endpoint path, parsed once
 	apis       apiSet                 // the APIs served natively
 	keepBill   bool                   // provider keep_billing_header

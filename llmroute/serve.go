@@ -28,6 +28,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if f == frontNone || root && !h.claimsAtRoot(r, f, allow, id) {
 		return h.serveNext(w, r, next)
 	}
+	var own []ownKey
+	if len(h.ownKeyHdrs) > 0 {
+		own = h.takeOwnKeys(r) // before anything could log or forward them
+	}
 	if geminiListing(r, f) {
 		f = frontGeminiModels
 	}
@@ -70,7 +74,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case frontGeminiCount:
 		return h.serveGeminiCount(w, r, key, id)
 	}
-	return h.serveFront(w, r, f, key)
+	return h.serveFront(w, r, f, key, own)
 }
 
 // methodAllowed reports whether method is in the comma-separated allow.
@@ -89,7 +93,9 @@ func methodAllowed(allow, method string) bool {
 // messages, responses, embeddings, completions): read → parse → admit →
 // attempt (failing over to the next upstream while nothing has reached the
 // client) → respond. Only the front's codec knows its wire format.
-func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, key *clientKey) error {
+//
+// own are the caller's own provider keys (client_key_header).
+func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, key *clientKey, own []ownKey) error {
 	arrival := time.Now()
 	bodyBuf := getBuffer()
 	defer putBuffer(bodyBuf)
@@ -128,7 +134,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		}
 		return nil
 	}
-	fr := frontReq{f: f, codec: frontCodecs[f], stream: stream, arrival: arrival}
+	fr := frontReq{f: f, codec: frontCodecs[f], stream: stream, arrival: arrival, own: own}
 	fr.api = fr.codec.api()
 	rt := h.table.routes[model]
 	var pinned effort

@@ -110,6 +110,9 @@ type providerStatus struct {
 	Upstreams []string `json:"upstreams"`
 	// FleetInflight: as for upstreams.
 	FleetInflight *int64 `json:"fleet_inflight,omitempty"`
+	// Keys are the provider's key pool (its keys), by index and
+	// fingerprint, never the key; absent for a provider with one key.
+	Keys []providerKeyStatus `json:"keys,omitempty"`
 }
 
 type modelStatus struct {
@@ -212,6 +215,9 @@ func snapshot(now time.Time) statusSnapshot {
 			ps := providerStatus{ID: p.ID, Upstreams: []string{}}
 			if p.Capacity > 0 {
 				ps.Capacity = new(int64(p.Capacity))
+			}
+			if kp := h.keyPoolOf(p.ID); kp != nil {
+				ps.Keys = kp.status(now)
 			}
 			snap.Providers = append(snap.Providers, ps)
 		}

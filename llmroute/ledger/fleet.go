@@ -333,16 +333,19 @@ func (f *fleet) syncBackoffs(ctx context.Context) {
 	if !f.healthy.Load() {
 		return
 	}
-	states, holds := f.scopes.cooling()
-	if len(states)+len(holds) == 0 {
+	states, holds, keys := f.scopes.cooling()
+	if len(states)+len(holds)+len(keys) == 0 {
 		return
 	}
-	scopes := make([]string, 0, len(states)+len(holds))
+	scopes := make([]string, 0, len(states)+len(holds)+len(keys))
 	for _, b := range states {
 		scopes = append(scopes, b.scope)
 	}
 	for _, s := range holds {
 		scopes = append(scopes, holdScope(s.id))
+	}
+	for _, k := range keys {
+		scopes = append(scopes, k.scope)
 	}
 	got, err := f.store.Backoffs(ctx, scopes)
 	if err != nil {
@@ -352,9 +355,14 @@ func (f *fleet) syncBackoffs(ctx context.Context) {
 		return
 	}
 	now := time.Now()
-	for i, c := range got[len(states):] {
+	for i, c := range got[len(states) : len(states)+len(holds)] {
 		if c.Left > 0 {
 			holds[i].holdUntil(now.Add(c.Left).UnixNano())
+		}
+	}
+	for i, c := range got[len(states)+len(holds):] {
+		if c.Left > 0 {
+			keys[i].coolUntil(now.Add(c.Left).UnixNano())
 		}
 	}
 	for i, c := range got[:len(states)] {
@@ -373,7 +381,11 @@ func (f *fleet) onEvent(ev redisstate.Event) {
 	case "release":
 		f.wake()
 	case "cool", "ok":
-		if id, ok := strings.CutPrefix(ev.Scope, "hold/"); ok {
+		if strings.HasPrefix(ev.Scope, "key/") {
+			if k := f.scopes.key(ev.Scope); k != nil && ev.Kind == "cool" {
+				k.coolUntil(time.Now().Add(ev.Left).UnixNano())
+			}
+		} else if id, ok := strings.CutPrefix(ev.Scope, "hold/"); ok {
 			if s := f.scopes.upstream(id); s != nil && ev.Kind == "cool" {
 				s.holdUntil(time.Now().Add(ev.Left).UnixNano())
 			}
@@ -575,6 +587,7 @@ type fleetScopes struct {
 	ups        map[*UpstreamState]int // by the number of registrations holding it
 	provs      map[*ProviderState]int
 	backoffs   map[*Backoff]int
+	keys       map[*KeyState]int
 	drainUps   map[*UpstreamState]bool
 	drainProvs map[*ProviderState]bool
 }
@@ -584,6 +597,7 @@ type fleetRegistration struct {
 	ups      []*UpstreamState
 	provs    []*ProviderState
 	backoffs []*Backoff
+	keys     []*KeyState
 }
 
 // add records u's states, each once.
@@ -597,6 +611,11 @@ func (r *fleetRegistration) add(u *Upstream) {
 	if u.Backoff != nil && !slices.Contains(r.backoffs, u.Backoff) {
 		r.backoffs = append(r.backoffs, u.Backoff)
 	}
+	for _, k := range u.Keys {
+		if !slices.Contains(r.keys, k) {
+			r.keys = append(r.keys, k)
+		}
+	}
 }
 
 func (f *fleet) register(r *fleetRegistration)   { f.scopes.apply(r, 1) }
@@ -607,6 +626,7 @@ func (c *fleetScopes) apply(r *fleetRegistration, d int) {
 	defer c.mu.Unlock()
 	if c.ups == nil {
 		c.ups, c.provs, c.backoffs = map[*UpstreamState]int{}, map[*ProviderState]int{}, map[*Backoff]int{}
+		c.keys = map[*KeyState]int{}
 		c.drainUps, c.drainProvs = map[*UpstreamState]bool{}, map[*ProviderState]bool{}
 	}
 	for _, s := range r.ups {
@@ -630,6 +650,11 @@ func (c *fleetScopes) apply(r *fleetRegistration, d int) {
 			delete(c.backoffs, b)
 		}
 	}
+	for _, k := range r.keys {
+		if c.keys[k] += d; c.keys[k] <= 0 {
+			delete(c.keys, k)
+		}
+	}
 }
 
 // counts reads the in-flight counts a renewal writes: the registered
@@ -644,9 +669,9 @@ func (c *fleetScopes) counts() (ups, provs map[string]int64) {
 	return ups, provs
 }
 
-// cooling lists the backoff scopes and the upstreams (their Retry-After
-// holds) whose coolings the poll reads.
-func (c *fleetScopes) cooling() ([]*Backoff, []*UpstreamState) {
+// cooling lists the backoff scopes, the upstreams (their Retry-After
+// holds) and the provider keys whose coolings the poll reads.
+func (c *fleetScopes) cooling() ([]*Backoff, []*UpstreamState, []*KeyState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	bs := make([]*Backoff, 0, len(c.backoffs))
@@ -657,7 +682,23 @@ func (c *fleetScopes) cooling() ([]*Backoff, []*UpstreamState) {
 	for s := range c.ups {
 		us = append(us, s)
 	}
-	return bs, us
+	ks := make([]*KeyState, 0, len(c.keys))
+	for k := range c.keys {
+		ks = append(ks, k)
+	}
+	return bs, us, ks
+}
+
+// key returns the registered provider key named scope, if any.
+func (c *fleetScopes) key(scope string) *KeyState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.keys {
+		if k.scope == scope {
+			return k
+		}
+	}
+	return nil
 }
 
 // upstream returns the registered upstream state of id, if any.

@@ -70,6 +70,9 @@ type Ledger interface {
 	Failed(b *Backoff, now time.Time) time.Duration
 	Hold(u *Upstream, now time.Time, d time.Duration)
 	Recovered(b *Backoff, now time.Time)
+	// CoolKey leaves a provider key out for at least d (the provider
+	// refused it); on Redis the fleet leaves it out as long.
+	CoolKey(k *KeyState, now time.Time, d time.Duration)
 
 	// Keys is the store of client keys' rates and budgets: this
 	// process's (LocalKeys), or with Redis the fleet's in front of it.

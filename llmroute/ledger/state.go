@@ -40,6 +40,9 @@ type Upstream struct {
 	Backoff *Backoff       // nil when backoff is off
 	Prov    *ProviderState // the provider's shared capacity accounting
 	Long    *LongSlots     // the provider's long-context slots; nil = unbounded
+	// Keys are the provider's key pool (its `keys`), nil for one key: the
+	// fleet shares their cooldowns.
+	Keys []*KeyState
 }
 
 // Cooling returns how long the upstream is still out of rotation.
@@ -352,6 +355,7 @@ type PoolRefs struct {
 	backoffs  []string
 	providers []string
 	longs     []string
+	keys      []string
 }
 
 // Release drops every reference p holds.
@@ -368,7 +372,10 @@ func (p *PoolRefs) Release() {
 	for _, k := range p.longs {
 		_, _ = longPool.Delete(k)
 	}
-	p.upstreams, p.backoffs, p.providers, p.longs = nil, nil, nil, nil
+	for _, k := range p.keys {
+		_, _ = keyPool.Delete(k)
+	}
+	p.upstreams, p.backoffs, p.providers, p.longs, p.keys = nil, nil, nil, nil, nil
 }
 
 // AdoptUpstream returns the shared state for id, creating it if needed, and
