@@ -227,6 +227,7 @@ type frontReq struct {
 	// token and the request duration count from it.
 	arrival time.Time
 	resume  bool // the model continues broken streams (resume.go)
+	guard   *repeatConf // the model's repeat guard, nil when off (repeat.go)
 	// place is this request's placement of the model's pool members
 	// (place.go); nil when the model has no pool step.
 	place *placing

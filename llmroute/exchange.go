@@ -50,6 +50,7 @@ type exchange struct {
 	body bodyTransform // non-stream whole-body transform, nil = pass through
 
 	follow *followSink   // model resume: the first stage, following the chat stream (resume.go)
+	guard  *guardSink    // model repeat_guard: the stage in front of follow (repeat.go)
 	cont   *continuation // set when a broken stream is handed over to be continued
 }
 
@@ -103,6 +104,9 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 		w: w, t: t, fr: *fr}
 	defer ex.out.clearDeadline()
 	res := ex.run(body)
+	if ex.cont == nil {
+		ex.releaseGuard()
+	}
 	res.api, res.mode = fr.api, ex.mode()
 	res.usage, res.sent, res.firstByte = ex.out.usage.Usage, ex.sent, ex.out.firstWrite
 	return res

@@ -111,6 +111,35 @@ func (c *ChatResume) Continue(prefill bool) {
 	}
 }
 
+// ContinueAfterLoop readies the follower for the stream that goes on with
+// an answer cut at a loop (RepeatGuard): that upstream was sent the
+// delivered content as an assistant message, or, with no content yet, the
+// request as it was. Its text follows on directly; its reasoning is left
+// out once the client has any (it has the reasoning that led here).
+func (c *ChatResume) ContinueAfterLoop() {
+	c.Continue(true)
+	if len(c.reasoning) > 0 {
+		c.dropReasoning, c.mReasoning = true, len(c.reasoning)
+	}
+}
+
+// AppendFinish appends a final chunk with the finish reason and no text,
+// stamped with the id, created and model the client has, then [DONE].
+func (c *ChatResume) AppendFinish(dst []byte, reason string) []byte {
+	chunk := map[string]any{"object": "chat.completion.chunk",
+		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": reason}}}
+	if c.id != "" {
+		chunk["id"], chunk["model"] = c.id, c.model
+	}
+	if len(c.created) > 0 {
+		chunk["created"] = c.created
+	}
+	b, _ := json.Marshal(chunk)
+	dst = append(dst, "data: "...)
+	dst = append(dst, b...)
+	return append(dst, "\n\ndata: [DONE]\n\n"...)
+}
+
 // matched reports that the regenerated answer has caught up with the
 // delivered one.
 func (c *ChatResume) matched() bool {

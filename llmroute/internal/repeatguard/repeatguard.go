@@ -121,6 +121,9 @@ func (d *Detector) Confirmed() bool { return d.confirmed }
 // rune that confirmed it).
 func (d *Detector) Run() (period, span int) { return d.period, d.span }
 
+// Config is the detector's span and period, as New took them.
+func (d *Detector) Config() (minSpan, maxPeriod int) { return d.minSpan, d.maxPeriod }
+
 // Runes is how many runes were read.
 func (d *Detector) Runes() int64 { return d.n }
 
