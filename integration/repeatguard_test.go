@@ -451,3 +451,95 @@ func TestRepeatGuardConfig(t *testing.T) {
 		t.Errorf("repeat_min_span 100 with the default period: %v (the period defaults to half the span)", err)
 	}
 }
+
+// TestRepeatGuardRecordedClients: Claude Code's and Codex's recorded
+// requests through the translated Messages and Responses fronts. A loop
+// that is recovered ends as a normal turn; one with no recovery left ends
+// as cut off at the token limit, in the front's own terms: stop_reason
+// max_tokens, status incomplete (max_output_tokens). Either way one clean
+// stream of the front.
+func TestRepeatGuardRecordedClients(t *testing.T) {
+	type recorded struct {
+		Requests []struct {
+			URL     string            `json:"url"`
+			Headers map[string]string `json:"headers"`
+			Body    json.RawMessage   `json:"body"`
+		} `json:"requests"`
+	}
+	a := newUpstream(t, looper(loopA, "Plan: ", "I will write the file now. ", 100, false))
+	var recover atomic.Bool
+	loopOnB := looper(loopB, "", "I will write the file now. ", 100, false)
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if recover.Load() {
+			recoverer(loopB)(w, r)
+			return
+		}
+		loopOnB(w, r)
+	})
+	p := startProxy(t, guardConfig(a, b))
+	for _, tc := range []struct {
+		name, file, path string
+		start, end       string // the front's first and final event names
+		cut, done        string // what the final event says when cut, when recovered
+	}{
+		{"claude code", "claude-code-2.1.328.messages.json", "/v1/messages", "event: message_start", "event: message_stop",
+			`"stop_reason":"max_tokens"`, `"stop_reason":"end_turn"`},
+		{"codex", "codex-0.169.0.responses.json", "/v1/responses", "event: response.created", "event: response.",
+			`"incomplete_details":{"reason":"max_output_tokens"}`, `"status":"completed"`},
+	} {
+		raw, err := os.ReadFile("testdata/clients/" + tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec recorded
+		if err := json.Unmarshal(raw, &rec); err != nil || len(rec.Requests) == 0 {
+			t.Fatalf("%s: %v", tc.file, err)
+		}
+		q := rec.Requests[len(rec.Requests)-1]
+		var body map[string]any
+		_ = json.Unmarshal(q.Body, &body)
+		body["model"], body["stream"] = "m", true
+		send := func(t *testing.T) string {
+			bb, _ := json.Marshal(body)
+			req, _ := http.NewRequest(http.MethodPost, p.URL+tc.path, strings.NewReader(string(bb)))
+			for k, v := range q.Headers {
+				if !strings.EqualFold(k, "content-length") && !strings.EqualFold(k, "host") && !strings.EqualFold(k, "accept-encoding") {
+					req.Header.Set(k, v)
+				}
+			}
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := faultRead(resp)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d, read error %v: %s", resp.StatusCode, err, tail(out, 300))
+			}
+			if strings.Contains(out, "event: error") || strings.Contains(out, "response.failed") {
+				t.Fatalf("error event: %s", tail(out, 300))
+			}
+			if strings.Count(out, tc.start+"\n") != 1 {
+				t.Errorf("%d %q events, want 1", strings.Count(out, tc.start+"\n"), tc.start)
+			}
+			return out
+		}
+		t.Run(tc.name+" cut", func(t *testing.T) {
+			recover.Store(false)
+			cut0 := p.repeatsOn("b", "cut")
+			out := send(t)
+			if !strings.Contains(out, tc.cut) || tc.path == "/v1/responses" && !strings.Contains(out, `"status":"incomplete"`) {
+				t.Errorf("the final event does not say %s: %s", tc.cut, tail(out, 600))
+			}
+			if d := p.repeatsOn("b", "cut") - cut0; d != 1 {
+				t.Errorf("cut went up by %v, want 1", d)
+			}
+		})
+		t.Run(tc.name+" recovered", func(t *testing.T) {
+			recover.Store(true)
+			out := send(t)
+			if !strings.Contains(out, tc.done) || !strings.Contains(out, ` 42.`) {
+				t.Errorf("the answer does not end as recovered (%s): %s", tc.done, tail(out, 600))
+			}
+		})
+	}
+}
