@@ -58,14 +58,46 @@ func chatEvents(m resumeModel, reasoning bool, deltas []string, finish string) [
 // max_tokens: finish reason length), in deltas of 8 runes.
 func looper(m resumeModel, prefix, unit string, reps int, reasoning bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		writeStream(w, chatEvents(m, reasoning, runeDeltas(prefix+strings.Repeat(unit, reps), 8), "length"), 0)
+		text := prefix + strings.Repeat(unit, reps)
+		if !wantsStream(r) {
+			writeCompletion(w, m, text, reasoning, "length")
+			return
+		}
+		writeStream(w, chatEvents(m, reasoning, runeDeltas(text, 8), "length"), 0)
 	}
+}
+
+// wantsStream reads a chat request's stream flag (the body stays readable
+// for the harness, which recorded it already).
+func wantsStream(r *http.Request) bool {
+	var req struct {
+		Stream bool `json:"stream"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	return req.Stream
+}
+
+// writeCompletion answers a non-stream chat request.
+func writeCompletion(w http.ResponseWriter, m resumeModel, text string, reasoning bool, finish string) {
+	msg := map[string]any{"role": "assistant", "content": text}
+	if reasoning {
+		msg["content"], msg["reasoning_content"] = "", text
+	}
+	b, _ := json.Marshal(map[string]any{"id": m.id, "object": "chat.completion", "created": m.created, "model": m.model,
+		"choices": []any{map[string]any{"index": 0, "message": msg, "finish_reason": finish}},
+		"usage":   map[string]int{"prompt_tokens": 7, "completion_tokens": 100, "total_tokens": 107}})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
 }
 
 // recoverer answers a continuation with loopRecovery (after reasoning of
 // its own, which the client must not see).
 func recoverer(m resumeModel) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if !wantsStream(r) {
+			writeCompletion(w, m, loopRecovery, false, "stop")
+			return
+		}
 		ev := chatEvents(m, false, runeDeltas(loopRecovery, 8), "stop")
 		think := m.chunk(`{"reasoning_content":"NEW THOUGHTS"}`, "")
 		writeStream(w, append([]string{ev[0], think}, ev[1:]...), 0)
@@ -542,4 +574,66 @@ func TestRepeatGuardRecordedClients(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRepeatGuardWhole: a non-stream answer is checked whole before it goes
+// out: a loop is cut after one copy of its unit and the answer continued
+// (one more attempt in X-LLM-Route-Attempts), or, with no recovery left,
+// ends there with finish_reason length (Messages: stop_reason max_tokens).
+func TestRepeatGuardWhole(t *testing.T) {
+	const prefix, unit = "The answer: ", "it is in the file, "
+	a := newUpstream(t, looper(loopA, prefix, unit, 80, false))
+	b := newUpstream(t, recoverer(loopB))
+	p := startProxy(t, guardConfig(a, b))
+	rec0 := p.repeats("recovered")
+	resp := p.chat(`{"model":"m","messages":[{"role":"user","content":"x"}]}`)
+	var out struct {
+		ID      string `json:"id"`
+		Choices []struct {
+			Message      struct{ Content string } `json:"message"`
+			FinishReason string                   `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	body := readAll(t, resp)
+	if err := json.Unmarshal([]byte(body), &out); err != nil || len(out.Choices) != 1 {
+		t.Fatalf("answer %s: %v", body, err)
+	}
+	// The run starts one rune early (the prefix ends with the space the
+	// unit ends with), so one copy of its unit ends before that space.
+	const kept = prefix + "it is in the file,"
+	if got := out.Choices[0].Message.Content; got != kept+loopRecovery || out.Choices[0].FinishReason != "stop" || out.ID != loopA.id {
+		t.Errorf("answer %q (%s, id %s), want the prefix, one copy of the unit, then the recovery", got, out.Choices[0].FinishReason, out.ID)
+	}
+	if n := resp.Header.Get("X-LLM-Route-Attempts"); n != "2" {
+		t.Errorf("X-LLM-Route-Attempts %q, want 2 (the recovery is an attempt)", n)
+	}
+	if d := p.repeats("recovered") - rec0; d != 1 {
+		t.Errorf("recovered went up by %v, want 1", d)
+	}
+	if prefill, ok := lastAssistant(b.Calls()[0].Body); !ok || prefill != kept {
+		t.Errorf("recovery prefill %q (%v), want %q", prefill, ok, kept)
+	}
+
+	t.Run("exhausted", func(t *testing.T) {
+		p.load(guardConfig(a, b, "repeat_recoveries", 0))
+		cut0 := p.repeats("cut")
+		body := readAll(t, p.chat(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+		_ = json.Unmarshal([]byte(body), &out)
+		if len(out.Choices) != 1 || out.Choices[0].Message.Content != kept || out.Choices[0].FinishReason != "length" {
+			t.Errorf("answer %s: want the text up to one copy, finish_reason length", body)
+		}
+		if d := p.repeats("cut") - cut0; d != 1 {
+			t.Errorf("cut went up by %v, want 1", d)
+		}
+		req, _ := http.NewRequest(http.MethodPost, p.URL+"/v1/messages", strings.NewReader(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"x"}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("anthropic-version", "2023-06-01")
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg := readAll(t, resp); !strings.Contains(msg, `"stop_reason":"max_tokens"`) || !strings.Contains(msg, kept+`"`) {
+			t.Errorf("Messages answer %s: want the text up to one copy and stop_reason max_tokens", msg)
+		}
+	})
 }

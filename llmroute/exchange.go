@@ -51,6 +51,8 @@ type exchange struct {
 
 	follow *followSink   // model resume: the first stage, following the chat stream (resume.go)
 	guard  *guardSink    // model repeat_guard: the stage in front of follow (repeat.go)
+	// extraAttempts: continuations of a non-stream answer that looped.
+	extraAttempts int
 	cont   *continuation // set when a broken stream is handed over to be continued
 }
 
@@ -144,6 +146,10 @@ func (ex *exchange) run(body []byte) attemptResult {
 
 	ex.chooseSinks()
 	ex.watchResume()
+	guardWhole := ex.guardsWhole()
+	if guardWhole && ex.body == nil {
+		ex.body = identityBody{} // read whole, to be checked before it goes out
+	}
 	if ex.body != nil {
 		// A whole-body transform reads the body before the status goes out,
 		// so that a read error can still fail over.
@@ -155,6 +161,18 @@ func (ex *exchange) run(body []byte) attemptResult {
 		if ex.translated && ex.firstErr == nil {
 			if res, refused := ex.tooBigToTranslate(); refused {
 				return res
+			}
+		}
+		if guardWhole && ex.firstErr == io.EOF {
+			n, changed := 0, false
+			if ex.first, n, changed = ex.guardWhole(body, ex.first); changed {
+				resp.Header.Del("Content-Length")
+			}
+			if n > 0 {
+				// Each continuation is an attempt: the count goes out with
+				// the headers (and to the serve loop).
+				ex.extraAttempts = n
+				h.setRouteHeaders(ex.w, ex.t, ex.fr.attempts+n)
 			}
 		}
 	}
@@ -172,6 +190,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 		res.fault = serr.fault
 	}
 	res.cont = ex.cont
+	res.extraAttempts = ex.extraAttempts
 	return res
 }
 

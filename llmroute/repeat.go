@@ -3,6 +3,7 @@ package llmroute
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"sync"
@@ -224,7 +225,7 @@ func (h *Handler) recoverLoop(r *http.Request, rt *route, idx int, first attempt
 			return c.final(res), t
 		case contRepeat:
 			h.logLoop(rt.name, looped, trip, loopRecovered) // the answer went on after it
-			c.from, idx = t.up, j                            // and looped again
+			c.from, idx = t.up, j                           // and looped again
 			continue
 		}
 		// It did not take the continuation (refused, broke): the answer
@@ -292,4 +293,193 @@ func loopEdit(req []byte, recovery int) ([]byte, error) {
 		top["frequency_penalty"] = json.RawMessage(fmt.Sprintf("%g", loopPenalty))
 	}
 	return json.Marshal(top)
+}
+
+// Non-stream answers: the whole text is checked before anything is sent.
+
+// identityBody reads a non-stream answer whole without changing it, so
+// that the guard can check it before it goes out.
+type identityBody struct{}
+
+func (identityBody) transformBody(dst, body []byte) ([]byte, bool) { return dst, false }
+
+// guardsWhole reports a non-stream chat answer (the chat front, or one
+// translated from chat) of a model with the guard on: it is read whole.
+func (ex *exchange) guardsWhole() bool {
+	return ex.fr.guard != nil && !ex.sse && ex.resp.StatusCode < 300 && identityEncoded(ex.resp) &&
+		(ex.fr.api == apiChat && ex.native || ex.translated)
+}
+
+// wholeAnswer is what the guard reads of a chat completion.
+type wholeAnswer struct {
+	top     map[string]json.RawMessage
+	choices []map[string]json.RawMessage
+	msg     map[string]json.RawMessage
+	text    [2]string // content, reasoning
+	rkey    string
+}
+
+func parseWhole(b []byte) (*wholeAnswer, bool) {
+	a := &wholeAnswer{rkey: "reasoning_content"}
+	if json.Unmarshal(b, &a.top) != nil || json.Unmarshal(a.top["choices"], &a.choices) != nil || len(a.choices) != 1 ||
+		json.Unmarshal(a.choices[0]["message"], &a.msg) != nil {
+		return nil, false
+	}
+	if raw, ok := a.msg["tool_calls"]; ok && string(raw) != "null" && string(raw) != "[]" {
+		return nil, false // the text of a tool-calling turn is left alone
+	}
+	_ = json.Unmarshal(a.msg["content"], &a.text[0])
+	for _, k := range [...]string{"reasoning_content", "reasoning"} {
+		var s string
+		if json.Unmarshal(a.msg[k], &s) == nil && s != "" {
+			a.text[1], a.rkey = s, k
+		}
+	}
+	return a, true
+}
+
+// findLoop runs the detectors over the answer's text: the channel of the
+// first loop (-1: none) and the trip, whose Kept is that channel's text up
+// to the end of the first copy of the unit.
+func findLoop(g *repeatConf, text [2]string) (int, *transform.RepeatTrip) {
+	for ch, s := range text {
+		d := repeatguard.New(g.minSpan, g.maxPeriod)
+		took := d.WriteString(s)
+		if !d.Confirmed() {
+			continue
+		}
+		period, span := d.Run()
+		runes := []rune(s[:took])
+		keep := len(runes) - span + period
+		return ch, &transform.RepeatTrip{Reasoning: ch == 1, Unit: string(d.Unit(nil, 80)), Period: period, Span: span, Kept: string(runes[:keep])}
+	}
+	return -1, nil
+}
+
+// guardWhole checks a whole chat answer and, when it loops, recovers it
+// as a stream would be: continued from the text kept on the next free
+// upstream (else the same), at most repeat_recoveries times, else cut
+// there with finish reason length. It returns the answer to send, the
+// continuations made, and whether the answer changed.
+func (ex *exchange) guardWhole(reqBody, answer []byte) ([]byte, int, bool) {
+	a, ok := parseWhole(answer)
+	if !ok {
+		return answer, 0, false
+	}
+	g, h := ex.fr.guard, ex.h
+	from := ex.u
+	var finish json.RawMessage
+	recoveries := 0
+	changed := false
+	for {
+		ch, trip := findLoop(g, a.text)
+		if trip == nil {
+			break
+		}
+		changed = true
+		a.text[ch] = trip.Kept
+		if ch == 1 {
+			a.text[0] = "" // a loop in the reasoning: no answer yet
+		}
+		if recoveries >= g.recoveries {
+			h.logLoop(ex.fr.rt.name, from, trip, loopCut)
+			finish = json.RawMessage(`"length"`)
+			break
+		}
+		recoveries++
+		next, u := ex.wholeContinuation(reqBody, a.text[0], recoveries)
+		if next == nil {
+			h.logLoop(ex.fr.rt.name, from, trip, loopCut)
+			finish = json.RawMessage(`"length"`)
+			break
+		}
+		h.logLoop(ex.fr.rt.name, from, trip, loopRecovered)
+		from = u
+		a.text[0] += next.text[0] // its reasoning is left out: the answer has its own
+		finish = next.choices[0]["finish_reason"]
+	}
+	if !changed {
+		return answer, recoveries, false
+	}
+	a.msg["content"], _ = json.Marshal(a.text[0])
+	if a.text[1] != "" {
+		a.msg[a.rkey], _ = json.Marshal(a.text[1])
+	}
+	a.choices[0]["message"], _ = json.Marshal(a.msg)
+	if finish != nil {
+		a.choices[0]["finish_reason"] = finish
+	}
+	a.top["choices"], _ = json.Marshal(a.choices)
+	out, err := json.Marshal(a.top)
+	if err != nil {
+		return answer, recoveries, false
+	}
+	return out, recoveries, true
+}
+
+// wholeContinuation sends the non-stream continuation of a looped answer
+// (prefill: the content kept, "" for none) to the next free chat upstream
+// of the model after this one, else to this one (whose slot this exchange
+// holds); nil when none answered it.
+func (ex *exchange) wholeContinuation(reqBody []byte, prefill string, recovery int) (*wholeAnswer, *upstream) {
+	h := ex.h
+	rt, idx := ex.fr.rt, ex.fr.idx
+	if ex.fr.api != apiChat {
+		if rt, idx = h.chatRoute(rt.name, ex.u); rt == nil {
+			return nil, nil
+		}
+	}
+	j, ok := h.claimNext(rt, ex.fr.place, idx)
+	same := !ok
+	if same {
+		j = idx
+	}
+	t := &rt.targets[j]
+	start := time.Now()
+	res := attemptResult{out: outDone, result: resultNetErr, api: apiChat, mode: "passthrough"}
+	defer func() {
+		if !same {
+			h.finish(rt, t, res, start, ex.fr.arrival)
+		}
+	}()
+	if prefill != "" && !t.up.prefill {
+		res.result = resultOK // not sent: nothing to blame
+		return nil, nil
+	}
+	out, _, err := continuationBody(t, reqBody, &ex.fr, prefill != "", prefill)
+	if err == nil {
+		out, err = loopEdit(out, recovery)
+	}
+	if err != nil {
+		res.result = result4xx
+		return nil, nil
+	}
+	cl := call{h: h, u: t.up, r: ex.r, log: h.logger, rt: rt, idx: j, pl: ex.fr.place}
+	cl.open(h.attemptContext(ex.r.Context()))
+	defer cl.close()
+	req := cl.request(t.up.urls[epChat], out)
+	req.Header.Set("Accept-Encoding", "identity")
+	sres, ok := cl.send(req)
+	if !ok {
+		sres.api, sres.mode = apiChat, "passthrough"
+		res = sres
+		return nil, nil
+	}
+	res.status = cl.resp.StatusCode
+	res.result = statusResult(cl.resp.StatusCode)
+	if cl.resp.StatusCode >= 300 || isEventStream(cl.resp) {
+		cl.discard()
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(cl.resp.Body, h.maxRewrite))
+	if err != nil {
+		res.result = resultNetErr
+		return nil, nil
+	}
+	t.up.recordSuccess(time.Now())
+	next, ok := parseWhole(body)
+	if !ok {
+		return nil, nil
+	}
+	return next, t.up
 }
