@@ -436,7 +436,7 @@ func (ex *exchange) wholeContinuation(reqBody []byte, prefill string, recovery i
 	}
 	t := &rt.targets[j]
 	start := time.Now()
-	res := attemptResult{out: outDone, result: resultNetErr, api: apiChat, mode: "passthrough"}
+	res := attemptResult{out: outDone, result: resultNetErr, api: apiChat, mode: "native"}
 	defer func() {
 		if !same {
 			h.finish(rt, t, res, start, ex.fr.arrival)
@@ -461,7 +461,7 @@ func (ex *exchange) wholeContinuation(reqBody []byte, prefill string, recovery i
 	req.Header.Set("Accept-Encoding", "identity")
 	sres, ok := cl.send(req)
 	if !ok {
-		sres.api, sres.mode = apiChat, "passthrough"
+		sres.api, sres.mode = apiChat, "native"
 		res = sres
 		return nil, nil
 	}
