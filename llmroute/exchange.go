@@ -51,9 +51,10 @@ type exchange struct {
 
 	follow *followSink   // model resume: the first stage, following the chat stream (resume.go)
 	guard  *guardSink    // model repeat_guard: the stage in front of follow (repeat.go)
+	cont   *continuation // set when a broken stream is handed over to be continued
+
 	// extraAttempts: continuations of a non-stream answer that looped.
 	extraAttempts int
-	cont   *continuation // set when a broken stream is handed over to be continued
 }
 
 // sink is one stage of the response chain. Write takes what the stage

@@ -72,6 +72,7 @@ type continuation struct {
 	// how many continuations went on after one.
 	loop       bool
 	recoveries int
+	closed     bool // close ran (a resume that turns into a loop recovery defers it twice)
 }
 
 // handOver takes a broken stream from the exchange when it is followed and
@@ -223,6 +224,10 @@ func (c *continuation) fail(model, to, why string) {
 
 // close ends the chain the first exchange left running.
 func (c *continuation) close() {
+	if c.closed {
+		return
+	}
+	c.closed = true
 	c.ex.out.stop()
 	c.ex.out.clearDeadline()
 	if rw := c.ex.rws.rw; rw != nil {
