@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -635,5 +636,35 @@ func TestRepeatGuardWhole(t *testing.T) {
 		if msg := readAll(t, resp); !strings.Contains(msg, `"stop_reason":"max_tokens"`) || !strings.Contains(msg, kept+`"`) {
 			t.Errorf("Messages answer %s: want the text up to one copy and stop_reason max_tokens", msg)
 		}
+	})
+}
+
+// TestRepeatGuardAfterResume: with resume on too, a stream that breaks is
+// continued on b, whose continuation loops; the guard's recovery takes
+// over (on b again, the last of the chain), that loops as well and the
+// answer ends with finish_reason length. One clean stream, and every slot
+// free afterwards, many times over.
+func TestRepeatGuardAfterResume(t *testing.T) {
+	a := newUpstream(t, faultChunkedCut(firstEvents(10)))
+	b := newUpstream(t, looper(loopB, "", "over and over ", 200, false))
+	conf := guardConfig(a, b, "resume", "on")
+	p := startProxy(t, conf)
+	rec0, cut0 := p.repeatsOn("b", "recovered"), p.repeatsOn("b", "cut")
+	base := runtime.NumGoroutine()
+	for range 10 {
+		g := readGuarded(t, p.chat(`{"model":"m","messages":[{"role":"user","content":"count"}],"stream":true}`), resumeA)
+		if g.finish != "length" || !strings.HasPrefix(g.content, strings.Join(resumeTokens[:10], "")+"over and over ") {
+			t.Fatalf("finish %q content %q: want the delivered tokens, the loop cut, finish length", g.finish, tail(g.content, 120))
+		}
+	}
+	if d := p.repeatsOn("b", "recovered") - rec0; d != 10 {
+		t.Errorf("recovered on b went up by %v, want 10", d)
+	}
+	if d := p.repeatsOn("b", "cut") - cut0; d != 10 {
+		t.Errorf("cut on b went up by %v, want 10", d)
+	}
+	faultEventually(t, 30*time.Second, "slots free and goroutines back", func() bool {
+		return p.upstreamGauge("inflight", "a", "pa") == 0 && p.upstreamGauge("inflight", "b", "pb") == 0 &&
+			runtime.NumGoroutine() <= base+3
 	})
 }

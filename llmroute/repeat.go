@@ -175,12 +175,10 @@ func (h *Handler) logLoop(model string, u *upstream, trip *transform.RepeatTrip,
 // (else the same one), from the text delivered, at most repeat_recoveries
 // times; with none left, or no upstream to take it, the answer ends with
 // what was delivered and finish reason length.
-func (h *Handler) recoverLoop(r *http.Request, rt *route, idx int, first attemptResult, body []byte, fr *frontReq) (attemptResult, *target) {
-	c := first.cont
+func (h *Handler) recoverLoop(r *http.Request, rt *route, idx int, c *continuation, res attemptResult, body []byte, fr *frontReq) (attemptResult, *target) {
 	defer c.close()
 	ex := c.ex
 	last := &rt.targets[idx]
-	res := first
 	name := rt.name
 	if fr.api != apiChat {
 		// The continuation is a chat request: the model's chat upstreams.

@@ -114,7 +114,7 @@ const (
 func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResult, body []byte, fr *frontReq) (attemptResult, *target) {
 	c := first.cont
 	if c.loop {
-		return h.recoverLoop(r, rt, idx, first, body, fr)
+		return h.recoverLoop(r, rt, idx, c, first, body, fr)
 	}
 	defer c.close()
 	if why := c.notResumable(body, fr); why != "" {
@@ -154,7 +154,7 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			// The continuation of a break looped: the guard's recovery
 			// takes over from here.
 			c.from, c.loop = t.up, true
-			return h.recoverLoop(r, rt, j, res, body, fr)
+			return h.recoverLoop(r, rt, j, c, res, body, fr)
 		}
 		if why := c.notResumable(nil, fr); why != "" {
 			if res.next > 0 {
