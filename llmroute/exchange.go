@@ -49,8 +49,9 @@ type exchange struct {
 	rws  rewriteSink   // the think-rewrite stage, when used
 	body bodyTransform // non-stream whole-body transform, nil = pass through
 
-	follow *followSink   // model resume: the first stage, following the chat stream (resume.go)
-	guard  *guardSink    // model repeat_guard: the stage in front of follow (repeat.go)
+	follow *followSink // model resume: the first stage, following the chat stream (resume.go)
+	guard  *guardSink  // model repeat_guard: the first stage (repeat.go); &gs
+	gs     guardSink
 	cont   *continuation // set when a broken stream is handed over to be continued
 
 	// extraAttempts: continuations of a non-stream answer that looped.

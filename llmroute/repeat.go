@@ -122,21 +122,35 @@ func (s *guardSink) end() error {
 // guardPool recycles guards: each holds two detectors of about 11 KB.
 var guardPool sync.Pool
 
-// watchRepeats puts the guard in front of the follower (watchResume set it
-// up) when the model has repeat_guard on.
+// watchRepeats puts the guard first in the chain (in front of the
+// follower, with resume on) when the model has repeat_guard on.
 func (ex *exchange) watchRepeats() {
 	g := ex.fr.guard
-	if g == nil || ex.follow == nil {
+	if g == nil {
 		return
 	}
 	rg, ok := guardPool.Get().(*transform.RepeatGuard)
 	if ok && rg.Config() == [2]int{g.minSpan, g.maxPeriod} {
-		rg.Reset(ex.follow)
+		rg.Reset(ex.sink)
 	} else {
-		rg = transform.NewRepeatGuard(ex.follow, g.minSpan, g.maxPeriod)
+		rg = transform.NewRepeatGuard(ex.sink, g.minSpan, g.maxPeriod)
 	}
-	ex.guard = &guardSink{g: rg, next: ex.follow}
+	ex.gs = guardSink{g: rg, next: ex.sink}
+	ex.guard = &ex.gs // in the exchange: no allocation of its own
 	ex.sink = ex.guard
+}
+
+// followFromGuard puts a follower behind the guard at a loop, when resume
+// did not: it starts from what the guard says the client has, and the
+// continuation (or the final chunk) goes through it.
+func (ex *exchange) followFromGuard() {
+	if ex.follow != nil {
+		return
+	}
+	ex.follow = &followSink{next: ex.guard.next}
+	ex.follow.cr = transform.NewChatResumeFrom(ex.follow.next, ex.guard.g.State())
+	ex.guard.next = ex.follow
+	ex.guard.g.SetNext(ex.follow)
 }
 
 // releaseGuard returns the guard to its pool.

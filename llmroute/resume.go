@@ -57,9 +57,13 @@ func (ex *exchange) watchResume() {
 		ex.fr.api != apiChat && !ex.translated {
 		return
 	}
-	ex.follow = &followSink{next: ex.sink}
-	ex.follow.cr = transform.NewChatResume(ex.follow.next)
-	ex.sink = ex.follow
+	if ex.fr.resume {
+		ex.follow = &followSink{next: ex.sink}
+		ex.follow.cr = transform.NewChatResume(ex.follow.next)
+		ex.sink = ex.follow
+	}
+	// The guard follows the stream itself; without resume a follower only
+	// takes over at a loop (repeat.go).
 	ex.watchRepeats()
 }
 
@@ -81,6 +85,7 @@ func (ex *exchange) handOver(err error) *streamErr {
 	if ex.loopTrip() != nil {
 		// The guard stopped the copy at a loop: the upstream did nothing
 		// wrong, and the answer goes on elsewhere or ends (repeat.go).
+		ex.followFromGuard()
 		ex.cont = &continuation{ex: ex, from: ex.u, code: codeRepeat, loop: true}
 		return &streamErr{result: resultOK}
 	}

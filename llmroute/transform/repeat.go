@@ -37,8 +37,27 @@ type RepeatGuard struct {
 	tmp      []byte
 	data     []byte
 
+	// st is what the client has been sent, so that a follower can take
+	// over at a trip (ChatState) without following every stream.
+	st ChatState
+
 	trip *RepeatTrip
 }
+
+// ChatState is what the client has been sent of a chat stream: enough to
+// start a ChatResume that continues it (NewChatResumeFrom).
+type ChatState struct {
+	ID, Model, Created                          []byte
+	Content, Reasoning                          []byte
+	RoleSent, ToolCall, Multi, Finished, Opaque bool
+}
+
+// State is what the client has been sent so far.
+func (g *RepeatGuard) State() *ChatState { return &g.st }
+
+// SetNext points the guard at a new next stage (a follower that takes over
+// at a trip).
+func (g *RepeatGuard) SetNext(next io.Writer) { g.next = next }
 
 // Channels of the text.
 const (
@@ -84,6 +103,8 @@ func (g *RepeatGuard) Reset(next io.Writer) {
 	g.trip = nil
 	g.Continue()
 	g.next, g.rkey, g.sent = next, "reasoning_content", [2]int64{}
+	st := &g.st
+	*st = ChatState{ID: st.ID[:0], Model: st.Model[:0], Created: st.Created[:0], Content: st.Content[:0], Reasoning: st.Reasoning[:0]}
 }
 
 // Continue readies the guard for a continuation's stream, after a trip or
@@ -181,8 +202,21 @@ func (g *RepeatGuard) release() {
 	g.out = append(g.out, g.held...)
 	g.held = g.held[:0]
 	for ch := range g.heldText {
-		g.sent[ch] += int64(utf8.RuneCount(g.heldText[ch]))
+		g.deliver(ch, g.heldText[ch])
 		g.heldText[ch] = g.heldText[ch][:0]
+	}
+}
+
+// deliver notes text of channel ch passed on to the client.
+func (g *RepeatGuard) deliver(ch int, text []byte) {
+	if len(text) == 0 {
+		return
+	}
+	g.sent[ch] += int64(utf8.RuneCount(text))
+	if ch == chanContent {
+		g.st.Content = append(g.st.Content, text...)
+	} else {
+		g.st.Reasoning = append(g.st.Reasoning, text...)
 	}
 }
 
@@ -221,7 +255,7 @@ func (g *RepeatGuard) event(ev []byte) {
 	g.release()
 	g.out = append(g.out, ev...)
 	for ch := range text {
-		g.sent[ch] += int64(utf8.RuneCount(text[ch]))
+		g.deliver(ch, text[ch])
 	}
 }
 
@@ -255,9 +289,23 @@ func (g *RepeatGuard) eventData(ev []byte) []byte {
 // g.tmp); ok false for anything else: no choice 0, another choice, a tool
 // call, a finish reason.
 func (g *RepeatGuard) chunkText(data []byte, text *[2][]byte) bool {
+	st := &g.st
 	data = bytes.TrimSpace(data)
-	if len(data) == 0 || data[0] != '{' {
+	if string(data) == "[DONE]" {
+		st.Finished = true
 		return false
+	}
+	if len(data) == 0 {
+		return false
+	}
+	if data[0] != '{' {
+		st.Opaque = true // not a chat chunk: a follower could not take over
+		return false
+	}
+	if len(st.ID) == 0 {
+		st.ID = jsonscan.AppendStringValue(st.ID[:0], jsonscan.ObjGet(data, "id"))
+		st.Model = jsonscan.AppendStringValue(st.Model[:0], jsonscan.ObjGet(data, "model"))
+		st.Created = append(st.Created[:0], jsonscan.ObjGet(data, "created")...)
 	}
 	choices := jsonscan.ObjGet(data, "choices")
 	if len(choices) == 0 || choices[0] != '[' {
@@ -269,20 +317,27 @@ func (g *RepeatGuard) chunkText(data []byte, text *[2][]byte) bool {
 		return false
 	}
 	if _, _, second := it.Next(); second {
+		st.Multi = true
 		return false
 	}
 	choice := choices[vs:ve]
 	if idx := jsonscan.ObjGet(choice, "index"); idx != nil && string(idx) != "0" {
-		return false
-	}
-	if fr := jsonscan.ObjGet(choice, "finish_reason"); fr != nil && string(fr) != "null" {
+		st.Multi = true
 		return false
 	}
 	delta := jsonscan.ObjGet(choice, "delta")
-	if delta == nil {
-		return false
+	if r := jsonscan.ObjGet(delta, "role"); jsonscan.IsString(r) {
+		st.RoleSent = true
 	}
 	if present(jsonscan.ObjGet(delta, "tool_calls")) || present(jsonscan.ObjGet(delta, "function_call")) {
+		st.ToolCall = true
+		return false
+	}
+	if fr := jsonscan.ObjGet(choice, "finish_reason"); fr != nil && string(fr) != "null" && string(fr) != `""` {
+		st.Finished = true
+		return false
+	}
+	if delta == nil {
 		return false
 	}
 	g.tmp = g.tmp[:0]
@@ -325,7 +380,7 @@ func (g *RepeatGuard) confirm(ch int, data []byte) {
 		g.out = g.appendChunk(g.out, data, add)
 	}
 	for c := range add {
-		g.sent[c] += int64(utf8.RuneCount(add[c]))
+		g.deliver(c, add[c])
 		g.heldText[c] = g.heldText[c][:0]
 	}
 }

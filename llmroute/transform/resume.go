@@ -63,6 +63,19 @@ func NewChatResume(next io.Writer) *ChatResume {
 	return c
 }
 
+// NewChatResumeFrom returns a follower that writes into next and takes
+// over a stream another stage followed so far (RepeatGuard.State): what the
+// client has been sent is st.
+func NewChatResumeFrom(next io.Writer, st *ChatState) *ChatResume {
+	c := NewChatResume(next)
+	c.id, c.model = string(st.ID), string(st.Model)
+	c.created = append(json.RawMessage(nil), st.Created...)
+	c.content = append([]byte(nil), st.Content...)
+	c.reasoning = append([]byte(nil), st.Reasoning...)
+	c.roleSent, c.toolCall, c.multi, c.finished, c.opaque = st.RoleSent, st.ToolCall, st.Multi, st.Finished, st.Opaque
+	return c
+}
+
 // Resumable reports whether the stream may be continued elsewhere, and if
 // not, why: never inside a tool call, with several choices, after the answer
 // finished, or on a stream that could not be followed.
