@@ -20,13 +20,15 @@ import (
 //
 // A chat event stream of such a model (the chat front, or a front
 // translated from chat) gets a RepeatGuard as the first stage of its sink
-// chain, in front of the follower of mid-stream continuation
-// (resume.go): the follower only ever sees what the client is sent. When the
-// guard confirms a loop it stops the copy; the exchange hands the stream
-// over as a continuation marked with the loop, and recoverLoop continues it
-// from the text delivered on the next free upstream of the model (else the
-// same one), with a raised temperature, at most repeat_recoveries times;
-// then the answer ends with finish reason length.
+// chain (in front of the follower of mid-stream continuation, resume.go,
+// when the model has resume on too). The guard follows the stream itself,
+// cheaply; when it confirms a loop it stops the copy, a follower is started
+// from what the client has (followFromGuard), and the exchange hands the
+// stream over as a continuation marked with the loop. recoverLoop continues
+// it from the text delivered on the next free upstream of the model (else
+// the same one), with a raised temperature, at most repeat_recoveries
+// times; then the answer ends with finish reason length. A non-stream
+// answer is checked whole before it is sent (guardWhole).
 
 // Defaults and bounds of the model's repeat_* fields.
 const (
