@@ -36,6 +36,7 @@ type RepeatGuard struct {
 	rkey     string                   // the reasoning member the stream uses
 	tmp      []byte
 	data     []byte
+	pre, suf []byte // the last plain content chunk around its string (fromTemplate)
 
 	// st is what the client has been sent, so that a follower can take
 	// over at a trip (ChatState) without following every stream.
@@ -115,6 +116,7 @@ func (g *RepeatGuard) Continue() {
 	t := g.trip
 	g.trip = nil
 	g.pend, g.held = g.pend[:0], g.held[:0]
+	g.pre, g.suf = g.pre[:0], g.suf[:0]
 	g.sc.reset()
 	for ch, d := range g.det {
 		d.Reset()
@@ -302,12 +304,28 @@ func (g *RepeatGuard) chunkText(data []byte, text *[2][]byte) bool {
 		st.Opaque = true // not a chat chunk: a follower could not take over
 		return false
 	}
-	if len(st.ID) == 0 {
-		st.ID = jsonscan.AppendStringValue(st.ID[:0], jsonscan.ObjGet(data, "id"))
-		st.Model = jsonscan.AppendStringValue(st.Model[:0], jsonscan.ObjGet(data, "model"))
-		st.Created = append(st.Created[:0], jsonscan.ObjGet(data, "created")...)
+	if g.fromTemplate(data, text) {
+		return true
 	}
-	choices := jsonscan.ObjGet(data, "choices")
+	// One pass over each object (the chunk, its choice, the delta): this
+	// runs on every event of a guarded stream.
+	var choices []byte
+	needID := len(st.ID) == 0
+	var m jsonscan.Member
+	for it := jsonscan.IterObject(data, 0, false); it.Next(&m); {
+		v := data[m.Vs:m.Ve]
+		switch {
+		case jsonscan.KeyIs(data, &m, "choices"):
+			choices = v
+		case !needID:
+		case jsonscan.KeyIs(data, &m, "id"):
+			st.ID = jsonscan.AppendStringValue(st.ID[:0], v)
+		case jsonscan.KeyIs(data, &m, "model"):
+			st.Model = jsonscan.AppendStringValue(st.Model[:0], v)
+		case jsonscan.KeyIs(data, &m, "created"):
+			st.Created = append(st.Created[:0], v...)
+		}
+	}
 	if len(choices) == 0 || choices[0] != '[' {
 		return false
 	}
@@ -321,36 +339,87 @@ func (g *RepeatGuard) chunkText(data []byte, text *[2][]byte) bool {
 		return false
 	}
 	choice := choices[vs:ve]
-	if idx := jsonscan.ObjGet(choice, "index"); idx != nil && string(idx) != "0" {
-		st.Multi = true
-		return false
+	var delta, finish []byte
+	for it := jsonscan.IterObject(choice, 0, false); it.Next(&m); {
+		v := choice[m.Vs:m.Ve]
+		switch {
+		case jsonscan.KeyIs(choice, &m, "delta"):
+			delta = v
+		case jsonscan.KeyIs(choice, &m, "finish_reason"):
+			finish = v
+		case jsonscan.KeyIs(choice, &m, "index"):
+			if string(v) != "0" {
+				st.Multi = true
+				return false
+			}
+		}
 	}
-	delta := jsonscan.ObjGet(choice, "delta")
-	if r := jsonscan.ObjGet(delta, "role"); jsonscan.IsString(r) {
-		st.RoleSent = true
+	var content, reasoning []byte
+	tool, role := false, false
+	for it := jsonscan.IterObject(delta, 0, false); it.Next(&m); {
+		v := delta[m.Vs:m.Ve]
+		switch {
+		case jsonscan.KeyIs(delta, &m, "content"):
+			content = v
+		case jsonscan.KeyIs(delta, &m, "reasoning_content"), jsonscan.KeyIs(delta, &m, "reasoning"):
+			if jsonscan.IsString(v) {
+				reasoning = v
+				g.rkey = "reasoning"
+				if jsonscan.KeyIs(delta, &m, "reasoning_content") {
+					g.rkey = "reasoning_content"
+				}
+			}
+		case jsonscan.KeyIs(delta, &m, "role"):
+			role = true
+			st.RoleSent = st.RoleSent || jsonscan.IsString(v)
+		case jsonscan.KeyIs(delta, &m, "tool_calls"), jsonscan.KeyIs(delta, &m, "function_call"):
+			tool = tool || present(v)
+		}
 	}
-	if present(jsonscan.ObjGet(delta, "tool_calls")) || present(jsonscan.ObjGet(delta, "function_call")) {
+	if tool {
 		st.ToolCall = true
 		return false
 	}
-	if fr := jsonscan.ObjGet(choice, "finish_reason"); fr != nil && string(fr) != "null" && string(fr) != `""` {
+	if finish != nil && string(finish) != "null" && string(finish) != `""` {
 		st.Finished = true
 		return false
 	}
 	if delta == nil {
 		return false
 	}
-	g.tmp = g.tmp[:0]
-	c := jsonscan.ObjGet(delta, "content")
-	g.tmp = jsonscan.AppendStringValue(g.tmp, c)
+	g.tmp = jsonscan.AppendStringValue(g.tmp[:0], content)
 	nc := len(g.tmp)
-	for _, k := range [...]string{"reasoning_content", "reasoning"} {
-		if r := jsonscan.ObjGet(delta, k); jsonscan.IsString(r) {
-			g.rkey = k
-			g.tmp = jsonscan.AppendStringValue(g.tmp, r)
-		}
-	}
+	g.tmp = jsonscan.AppendStringValue(g.tmp, reasoning)
 	text[chanContent], text[chanReasoning] = g.tmp[:nc], g.tmp[nc:]
+	if jsonscan.IsString(content) && reasoning == nil && !role {
+		// A plain content chunk: the template of the next ones. content
+		// is a slice of data, so its offset is what its capacity lacks.
+		at := cap(data) - cap(content)
+		g.pre = append(g.pre[:0], data[:at]...)
+		g.suf = append(g.suf[:0], data[at+len(content):]...)
+	}
+	return true
+}
+
+// fromTemplate reads a chunk that is the last plain content chunk with
+// only its content string changed (streams repeat every other byte of a
+// chunk): the same bytes before and after one JSON string. It is then the
+// same chunk as far as the guard cares, read with two comparisons and one
+// string scan instead of a parse.
+func (g *RepeatGuard) fromTemplate(data []byte, text *[2][]byte) bool {
+	pre, suf := g.pre, g.suf
+	if len(pre) == 0 || len(data) < len(pre)+len(suf)+2 || !bytes.HasPrefix(data, pre) || !bytes.HasSuffix(data, suf) {
+		return false
+	}
+	v := data[len(pre) : len(data)-len(suf)]
+	if v[0] != '"' {
+		return false
+	}
+	if end, _, ok := jsonscan.ScanString(v, 0, false); !ok || end != len(v) {
+		return false
+	}
+	g.tmp = jsonscan.AppendStringValue(g.tmp[:0], v)
+	text[chanContent], text[chanReasoning] = g.tmp, g.tmp[len(g.tmp):]
 	return true
 }
 

@@ -197,3 +197,24 @@ func TestRepeatGuardNoAllocs(t *testing.T) {
 type discardW struct{}
 
 func (discardW) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestRepeatGuardTemplate: a chunk read by its likeness to the last one
+// must be that chunk with another string, never a chunk whose middle holds
+// more members: such a chunk takes the full parse (here, a tool call).
+func TestRepeatGuardTemplate(t *testing.T) {
+	var rec recorder
+	g := NewRepeatGuard(&rec, 400, 200)
+	_, _ = g.Write([]byte(guardEv("content", "first")))
+	var text [2][]byte
+	crafted := []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a","tool_calls":[{"index":0}],"x":"b"},"finish_reason":null}]}`)
+	if g.fromTemplate(crafted, &text) {
+		t.Fatalf("a chunk with a tool call was read as content %q", text[0])
+	}
+	if g.chunkText(crafted, &text) || !g.State().ToolCall {
+		t.Fatal("the full parse missed the tool call")
+	}
+	plain := []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"next \"one\""},"finish_reason":null}]}`)
+	if !g.fromTemplate(plain, &text) || string(text[0]) != `next "one"` {
+		t.Fatalf("the plain chunk was not read by the template: %q", text[0])
+	}
+}

@@ -97,6 +97,9 @@ func New(minSpan, maxPeriod int) *Detector {
 
 // Reset forgets the text read so far.
 func (d *Detector) Reset() {
+	if d.n == 0 && d.np == 0 && d.ring[0] == none {
+		return // nothing read since the last reset: nothing to clear
+	}
 	for i := range d.ring {
 		d.ring[i] = none
 	}
