@@ -6,6 +6,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -667,4 +668,58 @@ func TestRepeatGuardAfterResume(t *testing.T) {
 		return p.upstreamGauge("inflight", "a", "pa") == 0 && p.upstreamGauge("inflight", "b", "pb") == 0 &&
 			runtime.NumGoroutine() <= base+3
 	})
+}
+
+// TestRepeatGuardGeminiCLI: Gemini CLI's recorded streamed turn through the
+// Gemini front translated from chat: a loop with no recovery left ends
+// with finishReason MAX_TOKENS, no error; a recovered one ends with STOP.
+func TestRepeatGuardGeminiCLI(t *testing.T) {
+	raw, err := os.ReadFile("testdata/clients/gemini-cli-0.61.0.generatecontent.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec recordedCLI
+	if err := json.Unmarshal(raw, &rec); err != nil || len(rec.Requests) < 2 {
+		t.Fatalf("recorded requests: %v", err)
+	}
+	q := rec.Requests[len(rec.Requests)-1]
+	a := newUpstream(t, looper(loopA, "Plan: ", "I will write the file now. ", 100, false))
+	var recover atomic.Bool
+	loopB := looper(loopB, "", "I will write the file now. ", 100, false)
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if recover.Load() {
+			recoverer(resumeB)(w, r)
+			return
+		}
+		loopB(w, r)
+	})
+	conf := guardConfig(a, b)
+	conf["models"].([]map[string]any)[0]["name"] = "gemini-3.8-flash"
+	p := startProxy(t, conf)
+	send := func(t *testing.T) string {
+		var compact bytes.Buffer
+		_ = json.Compact(&compact, q.Body)
+		req, _ := http.NewRequest(q.Method, p.URL+q.URL, strings.NewReader(compact.String()))
+		for k, v := range q.Headers {
+			if !strings.EqualFold(k, "content-length") && !strings.EqualFold(k, "host") && !strings.EqualFold(k, "accept-encoding") {
+				req.Header.Set(k, v)
+			}
+		}
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := faultRead(resp)
+		if err != nil || resp.StatusCode != http.StatusOK || strings.Contains(out, `"error"`) {
+			t.Fatalf("status %d, read error %v: %s", resp.StatusCode, err, tail(out, 300))
+		}
+		return out
+	}
+	if out := send(t); !strings.Contains(out, `"finishReason":"MAX_TOKENS"`) {
+		t.Errorf("cut: no MAX_TOKENS: %s", tail(out, 400))
+	}
+	recover.Store(true)
+	if out := send(t); !strings.Contains(out, `"finishReason":"STOP"`) || !strings.Contains(out, "42.") {
+		t.Errorf("recovered: %s", tail(out, 400))
+	}
 }
