@@ -137,12 +137,16 @@ func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, 
 //	        queue_size          <int>
 //	        queue_timeout       <duration>
 //	        resume              on|off
+//	        repeat_guard        on|off
+//	        repeat_min_span     <runes>
+//	        repeat_max_period   <runes>
+//	        repeat_recoveries   <0 to 3>
 //	        patch               <patch>
 //	    }
 //
 //	    model <name> {                      # a router model: rules, no upstreams
 //	        judge               <model> [<deadline>]
-//	        queue_size, queue_timeout, resume as above
+//	        queue_size, queue_timeout, resume, repeat_* as above
 //	        rule <name> {
 //	            priority        <int>
 //	            effort          low|medium|high
@@ -778,6 +782,20 @@ func (p *parser) model() error {
 			if m.Resume, err = p.str(where, opt); err == nil && m.Resume != "on" && m.Resume != "off" {
 				err = d.Errf("%sresume: want on or off, got %q", where, m.Resume)
 			}
+		case "repeat_guard":
+			if m.RepeatGuard, err = p.str(where, opt); err == nil && m.RepeatGuard != "on" && m.RepeatGuard != "off" {
+				err = d.Errf("%srepeat_guard: want on or off, got %q", where, m.RepeatGuard)
+			}
+		case "repeat_min_span":
+			m.RepeatMinSpan, err = p.count(where, opt)
+		case "repeat_max_period":
+			m.RepeatMaxPeriod, err = p.count(where, opt)
+		case "repeat_recoveries":
+			var n int
+			if n, err = p.count(where, opt); err == nil && n > 3 {
+				err = d.Errf("%srepeat_recoveries must be between 0 and 3, got %d", where, n)
+			}
+			m.RepeatRecoveries = &n
 		case "patch":
 			m.Patch, err = p.patch(where)
 		default:

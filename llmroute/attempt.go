@@ -87,6 +87,8 @@ type attemptResult struct {
 	// cont: the stream broke and is handed to a continuation (resume.go);
 	// the serve loop runs it once this attempt is recorded.
 	cont *continuation
+	// extraAttempts: continuations a non-stream answer made (repeat.go).
+	extraAttempts int
 	// placement and affinity are a pool member's placement (its
 	// X-LLM-Route-Placement) and the short hash of the request's affinity
 	// key, for the completion log; "" outside a pool.

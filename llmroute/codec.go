@@ -226,7 +226,8 @@ type frontReq struct {
 	// arrival is when the request reached the handler: time to first
 	// token and the request duration count from it.
 	arrival time.Time
-	resume  bool // the model continues broken streams (resume.go)
+	resume  bool        // the model continues broken streams (resume.go)
+	guard   *repeatConf // the model's repeat guard, nil when off (repeat.go)
 	// place is this request's placement of the model's pool members
 	// (place.go); nil when the model has no pool step.
 	place *placing

@@ -350,6 +350,36 @@ type Model struct {
 	// the client (cut, stall, request timeout) on the next free upstream of
 	// the model, so the client sees one stream. Default: "off".
 	Resume string `json:"resume,omitempty"`
+
+	// RepeatGuard, "on", watches the answer's text (content and reasoning,
+	// each on its own; never tool-call arguments) for a loop: the text so
+	// far ends with at least three back-to-back copies of one unit of 1 to
+	// RepeatMaxPeriod runes, covering at least RepeatMinSpan runes. Text
+	// that is not inside a growing run reaches the client at once; a run's
+	// text is held back until it breaks (then released as it was) or is
+	// confirmed. A confirmed loop is dropped and the answer continued on the
+	// next free upstream of the model (else the same one) from the text
+	// delivered, with temperature raised by 0.3 (from the request's, default
+	// 0.7, at most 1.5) and frequency_penalty 0.5 unless the request sets
+	// one; with no recovery left the answer ends there with finish reason
+	// `length`. Default: "off".
+	RepeatGuard string `json:"repeat_guard,omitempty"`
+
+	// RepeatMinSpan is the shortest loop, in runes, that the repeat guard
+	// confirms; it is also the most it holds back. At least 16. Default:
+	// 400.
+	RepeatMinSpan int `json:"repeat_min_span,omitempty"`
+
+	// RepeatMaxPeriod is the longest unit, in runes, that the repeat guard
+	// looks for: 1 to 256, and at most half of RepeatMinSpan, so that two
+	// copies (the most the client sees before the text is held) fit in the
+	// span. Default: 200, or half of RepeatMinSpan when that is smaller.
+	RepeatMaxPeriod int `json:"repeat_max_period,omitempty"`
+
+	// RepeatRecoveries is how many times per request the repeat guard
+	// continues an answer after a loop, 0 to 3; 0 ends the answer at the
+	// first loop. Default: 1.
+	RepeatRecoveries *int `json:"repeat_recoveries,omitempty"`
 }
 
 // Rule is one rule of a router model: which requests it takes (effort and
@@ -733,6 +763,7 @@ func validateConfig(providers []Provider, upstreams []Upstream, pools []Pool, mo
 		if m.Resume != "" && m.Resume != "on" && m.Resume != "off" {
 			bad("%s: resume: want on or off, got %q", where, m.Resume)
 		}
+		validateRepeatGuard(bad, where, m)
 		if m.QueueSize != nil && *m.QueueSize < 0 {
 			bad("%s: queue_size must not be negative", where)
 		}
@@ -762,6 +793,7 @@ func validateRouter(bad func(string, ...any), where string, m Model, models []Mo
 	if m.Resume != "" && m.Resume != "on" && m.Resume != "off" {
 		bad("%s: resume: want on or off, got %q", where, m.Resume)
 	}
+	validateRepeatGuard(bad, where, m)
 	if m.QueueSize != nil && *m.QueueSize < 0 {
 		bad("%s: queue_size must not be negative", where)
 	}

@@ -49,8 +49,13 @@ type exchange struct {
 	rws  rewriteSink   // the think-rewrite stage, when used
 	body bodyTransform // non-stream whole-body transform, nil = pass through
 
-	follow *followSink   // model resume: the first stage, following the chat stream (resume.go)
+	follow *followSink // model resume: the first stage, following the chat stream (resume.go)
+	guard  *guardSink  // model repeat_guard: the first stage (repeat.go); &gs
+	gs     guardSink
 	cont   *continuation // set when a broken stream is handed over to be continued
+
+	// extraAttempts: continuations of a non-stream answer that looped.
+	extraAttempts int
 }
 
 // sink is one stage of the response chain. Write takes what the stage
@@ -110,6 +115,9 @@ func (h *Handler) exchange(w http.ResponseWriter, r *http.Request, t *target, bo
 	case ex.ownKey:
 		res.key = "own"
 	}
+	if ex.cont == nil {
+		ex.releaseGuard()
+	}
 	res.api, res.mode = fr.api, ex.mode()
 	res.usage, res.sent, res.firstByte = ex.out.usage.Usage, ex.sent, ex.out.firstWrite
 	return res
@@ -150,6 +158,10 @@ func (ex *exchange) run(body []byte) attemptResult {
 
 	ex.chooseSinks()
 	ex.watchResume()
+	guardWhole := ex.guardsWhole()
+	if guardWhole && ex.body == nil {
+		ex.body = identityBody{} // read whole, to be checked before it goes out
+	}
 	if ex.body != nil {
 		// A whole-body transform reads the body before the status goes out,
 		// so that a read error can still fail over.
@@ -161,6 +173,18 @@ func (ex *exchange) run(body []byte) attemptResult {
 		if ex.translated && ex.firstErr == nil {
 			if res, refused := ex.tooBigToTranslate(); refused {
 				return res
+			}
+		}
+		if guardWhole && ex.firstErr == io.EOF {
+			n, changed := 0, false
+			if ex.first, n, changed = ex.guardWhole(body, ex.first); changed {
+				resp.Header.Del("Content-Length")
+			}
+			if n > 0 {
+				// Each continuation is an attempt: the count goes out with
+				// the headers (and to the serve loop).
+				ex.extraAttempts = n
+				h.setRouteHeaders(ex.w, ex.t, ex.fr.attempts+n)
 			}
 		}
 	}
@@ -178,6 +202,7 @@ func (ex *exchange) run(body []byte) attemptResult {
 		res.fault = serr.fault
 	}
 	res.cont = ex.cont
+	res.extraAttempts = ex.extraAttempts
 	return res
 }
 

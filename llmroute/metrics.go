@@ -26,6 +26,7 @@ type routeMetrics struct {
 	probes    *prometheus.CounterVec
 	queueWait *prometheus.HistogramVec
 	resumes   *prometheus.CounterVec // resume.go
+	repeats   *prometheus.CounterVec // repeat.go
 	refusals  *prometheus.CounterVec // errors.go
 	// placements counts pool members' placements by reason (place.go).
 	placements *prometheus.CounterVec
@@ -63,6 +64,10 @@ func getMetrics() *routeMetrics {
 				Name: "llm_proxy_stream_resumes_total",
 				Help: "Broken streams of models with resume on, by how the continuation ended. result: ok, diverged, failed.",
 			}, []string{"model", "result"}),
+			repeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "llm_proxy_repeat_guard_total",
+				Help: "Loops the repeat guard caught, by the upstream whose answer looped. result: recovered (the answer went on elsewhere), cut (it ended there with finish reason length).",
+			}, []string{"model", "upstream", "result"}),
 			refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "llm_proxy_rejected_total",
 				Help: "Requests the proxy refused itself, by reason: invalid_api_key, model_not_allowed, rate_limited, budget, unknown_model, bad_request, too_large, context_too_long, unsupported_endpoint, method, cors, api_not_served, busy, cooling, queue_full, queue_timeout, all_failed, upstream_auth, upstream_not_found, other.",
@@ -114,7 +119,7 @@ func (m *routeMetrics) register(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.refusals, m.placements, m.rules, m.shadows, m.judge, m.keyRequests, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
+	for _, c := range append([]prometheus.Collector{m.requests, m.probes, m.queueWait, m.resumes, m.repeats, m.refusals, m.placements, m.rules, m.shadows, m.judge, m.keyRequests, m.state}, append(ledger.Collectors(), m.vis.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

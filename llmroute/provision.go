@@ -420,7 +420,7 @@ func (h *Handler) compileRoute(m Model) (*route, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llm_route config: model %q: patch: %v", m.Name, err)
 	}
-	rt := &route{name: m.Name, nameAny: m.Name, queueSize: h.QueueSize, resume: m.Resume == "on"}
+	rt := &route{name: m.Name, nameAny: m.Name, queueSize: h.QueueSize, resume: m.Resume == "on", guard: compileRepeat(m)}
 	if m.QueueSize != nil {
 		rt.queueSize = *m.QueueSize
 	}

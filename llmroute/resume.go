@@ -53,13 +53,18 @@ func (s *followSink) end() error {
 // be continued: the model has resume on, and the answer is a plain-text
 // chat event stream (the chat front, or a front translated from chat).
 func (ex *exchange) watchResume() {
-	if !ex.fr.resume || !ex.plainSSE || ex.body != nil || ex.resp.StatusCode >= 300 ||
+	if !ex.fr.resume && ex.fr.guard == nil || !ex.plainSSE || ex.body != nil || ex.resp.StatusCode >= 300 ||
 		ex.fr.api != apiChat && !ex.translated {
 		return
 	}
-	ex.follow = &followSink{next: ex.sink}
-	ex.follow.cr = transform.NewChatResume(ex.follow.next)
-	ex.sink = ex.follow
+	if ex.fr.resume {
+		ex.follow = &followSink{next: ex.sink}
+		ex.follow.cr = transform.NewChatResume(ex.follow.next)
+		ex.sink = ex.follow
+	}
+	// The guard follows the stream itself; without resume a follower only
+	// takes over at a loop (repeat.go).
+	ex.watchRepeats()
 }
 
 // continuation is a broken stream waiting to be finished elsewhere.
@@ -67,12 +72,24 @@ type continuation struct {
 	ex   *exchange // the first exchange: its chain and client writer go on
 	from *upstream // the upstream that broke last
 	code string    // why it broke: the error event's code if nobody finishes
+	// loop: the stream was stopped at a loop (repeat.go); recoveries is
+	// how many continuations went on after one.
+	loop       bool
+	recoveries int
+	closed     bool // close ran (a resume that turns into a loop recovery defers it twice)
 }
 
 // handOver takes a broken stream from the exchange when it is followed and
 // the upstream (not the client) ended it; nil leaves it to streamFailure.
 func (ex *exchange) handOver(err error) *streamErr {
-	if ex.follow == nil {
+	if ex.loopTrip() != nil {
+		// The guard stopped the copy at a loop: the upstream did nothing
+		// wrong, and the answer goes on elsewhere or ends (repeat.go).
+		ex.followFromGuard()
+		ex.cont = &continuation{ex: ex, from: ex.u, code: codeRepeat, loop: true}
+		return &streamErr{result: resultOK}
+	}
+	if ex.follow == nil || !ex.fr.resume {
 		return nil
 	}
 	se := ex.breakVerdict(err)
@@ -92,6 +109,7 @@ const (
 	contNext                               // this upstream could not finish it: try the next
 	contDiverged                           // the replay disagreed with the delivered text
 	contPrefillRejected                    // a 400 to the prefill: replay on the same upstream
+	contRepeat                             // the repeat guard stopped it at a loop
 )
 
 // resume finishes a stream handed over by the attempt on rt.targets[idx],
@@ -100,6 +118,9 @@ const (
 // error event and the response is aborted, as without resume.
 func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResult, body []byte, fr *frontReq) (attemptResult, *target) {
 	c := first.cont
+	if c.loop {
+		return h.recoverLoop(r, rt, idx, c, first, body, fr)
+	}
 	defer c.close()
 	if why := c.notResumable(body, fr); why != "" {
 		c.fail(rt.name, "", why)
@@ -134,6 +155,11 @@ func (h *Handler) resume(r *http.Request, rt *route, idx int, first attemptResul
 			return c.final(res), t
 		case contDiverged:
 			c.fail(rt.name, t.up.ID, resumeDiverged)
+		case contRepeat:
+			// The continuation of a break looped: the guard's recovery
+			// takes over from here.
+			c.from, c.loop = t.up, true
+			return h.recoverLoop(r, rt, j, c, res, body, fr)
 		}
 		if why := c.notResumable(nil, fr); why != "" {
 			if res.next > 0 {
@@ -203,11 +229,16 @@ func (c *continuation) fail(model, to, why string) {
 
 // close ends the chain the first exchange left running.
 func (c *continuation) close() {
+	if c.closed {
+		return
+	}
+	c.closed = true
 	c.ex.out.stop()
 	c.ex.out.clearDeadline()
 	if rw := c.ex.rws.rw; rw != nil {
 		c.ex.h.putRewriter(c.ex.u, rw)
 	}
+	c.ex.releaseGuard()
 }
 
 // final is the request's result as the serve loop reports it: the
@@ -237,6 +268,9 @@ func (h *Handler) continueOn(r *http.Request, rt *route, j int, c *continuation,
 	for {
 		fr.attempts++ // counted, though the headers are out
 		res, v = c.try(r, rt, j, body, fr, prefill)
+		if v == contPrefillRejected && c.loop {
+			v = contNext // a replay would only find the loop again
+		}
 		if v == contPrefillRejected {
 			if ce := h.logger.Check(zapcore.WarnLevel, "prefill rejected, replaying"); ce != nil {
 				ce.Write(zap.String("model", rt.name), zap.String("upstream", t.up.ID), zap.Int("status", res.status))
@@ -274,6 +308,9 @@ func (c *continuation) try(r *http.Request, rt *route, j int, body []byte, fr *f
 	t := &rt.targets[j]
 	u := t.up
 	out, base, err := continuationBody(t, body, fr, prefill, ex.follow.cr.Content())
+	if err == nil && c.loop {
+		out, err = loopEdit(out, c.recoveries)
+	}
 	if err != nil {
 		if prefill {
 			return attemptResult{out: outDone, result: result4xx, status: http.StatusBadRequest}, contPrefillRejected
@@ -318,7 +355,14 @@ func (c *continuation) try(r *http.Request, rt *route, j int, body []byte, fr *f
 // upstream's idle timeout and this attempt's request_timeout.
 func (c *continuation) copy(r *http.Request, t *target, cl *call, prefill bool) (attemptResult, contVerdict) {
 	ex, u, resp := c.ex, t.up, cl.resp
-	ex.follow.cr.Continue(prefill)
+	if c.loop {
+		ex.follow.cr.ContinueAfterLoop()
+	} else {
+		ex.follow.cr.Continue(prefill)
+	}
+	if ex.guard != nil {
+		ex.guard.g.Continue()
+	}
 	if u.streamIdle > 0 {
 		cl.w8.prime(u.streamIdle, codeStalled)
 	}
@@ -328,6 +372,9 @@ func (c *continuation) copy(r *http.Request, t *target, cl *call, prefill bool) 
 	case err == nil:
 		u.recordSuccess(time.Now())
 		return res, contDone
+	case ex.loopTrip() != nil:
+		u.recordSuccess(time.Now()) // it answered; the loop is the model's
+		return res, contRepeat
 	case ex.follow.cr.Diverged():
 		return res, contDiverged // the upstream answered; only differently
 	}

@@ -95,6 +95,7 @@ func (h *Handler) exchangeRetrying(w http.ResponseWriter, r *http.Request, rt *r
 		fr.attempts++
 		h.setRouteHeaders(w, t, fr.attempts)
 		res := h.exchange(w, r, t, body, fr)
+		fr.attempts += res.extraAttempts
 		if !h.tryAgain(r, rt, t, &res, &run) {
 			return res
 		}

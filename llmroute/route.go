@@ -168,6 +168,7 @@ type route struct {
 	dupKeys      uint64        // bits of the handler's watched keys this route reads or writes
 	sizes        fitRoutes     // variants per request size (context windows, long context)
 	resume       bool          // continue a broken stream on another upstream (resume.go)
+	guard        *repeatConf   // the repeat guard, nil when off (repeat.go)
 	// budgetOf is, in a route restricted to the upstreams a client key's
 	// budget has room for (budget.go), the route it was cut from.
 	budgetOf *route

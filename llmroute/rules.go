@@ -378,11 +378,11 @@ func (h *Handler) compileRules() error {
 // compileChain builds the route of a chain of plain models, in order:
 // each model's targets (edit, counters, series, pool) copied as they are,
 // renumbered in the chain; an upstream the chain already reached is tried
-// once, at its first place. The chain has the router's name, queue and
-// resume setting: a router's chains share its one queue.
+// once, at its first place. The chain has the router's name, queue,
+// resume and repeat guard settings: a router's chains share its one queue.
 func (h *Handler) compileChain(router *route, uses []string) *chain {
 	full := &route{name: router.name, nameAny: router.nameAny, queueSize: router.queueSize,
-		queueTimeout: router.queueTimeout, resume: router.resume}
+		queueTimeout: router.queueTimeout, resume: router.resume, guard: router.guard}
 	stepOff := 0
 	for _, name := range uses {
 		src := h.table.routes[name]

@@ -161,6 +161,7 @@ func (h *Handler) serveFront(w http.ResponseWriter, r *http.Request, f front, ke
 		return nil
 	}
 	fr.resume = rt.resume && stream
+	fr.guard = rt.guard
 	if dups&rt.dupKeys != 0 {
 		// A key this model's patches write appears twice: the upstream might
 		// read the client's copy instead of the patched one.

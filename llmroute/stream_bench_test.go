@@ -12,7 +12,7 @@ import (
 // benchStream is the whole streaming request path in-process, as
 // BenchmarkServeHTTP is the non-streaming one: a stream of events passed
 // through to the client from an upstream with the given apis.
-func benchStream(b *testing.B, apis, path string, events []string, reqBody string) {
+func benchStream(b *testing.B, apis, path string, events []string, reqBody string, modelFields ...string) {
 	body := []byte(strings.Join(events, ""))
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
@@ -26,7 +26,7 @@ func benchStream(b *testing.B, apis, path string, events []string, reqBody strin
 	defer up.Close()
 	h := provisionBench(b, `{"providers": [{"id": "sb-p", "url": "`+up.URL+`/v1", "key": "sk-bench"}],
 		"upstreams": [{"id": "sb-u", "provider": "sb-p", "model": "real-model", "max_concurrency": 64`+apis+`}],
-		"models": [{"name": "m", "upstreams": ["sb-u"]}]}`)
+		"models": [{"name": "m", "upstreams": ["sb-u"]`+strings.Join(modelFields, "")+`}]}`)
 	serve := func() *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(reqBody))
 		req.Header.Set("Content-Type", "application/json")
@@ -54,6 +54,20 @@ func BenchmarkServeHTTPStream(b *testing.B) {
 	}
 	ev = append(ev, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n")
 	benchStream(b, "", "/v1/chat/completions", ev, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+}
+
+// BenchmarkServeHTTPStreamGuard: a 24-token chat stream of varied words
+// (no loop), with the model's repeat guard off and on.
+func BenchmarkServeHTTPStreamGuard(b *testing.B) {
+	words := strings.Fields("Measure first: profile the proxy under the same load, compare the allocation views, and only then change the hot path, one thing at a time, re-running.")
+	var ev []string
+	for i := 0; i < 24; i++ {
+		ev = append(ev, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[{"index":0,"delta":{"content":" `+words[i%len(words)]+`"},"finish_reason":null}]}`+"\n\n")
+	}
+	ev = append(ev, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"real-model","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n", "data: [DONE]\n\n")
+	req := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	b.Run("off", func(b *testing.B) { benchStream(b, "", "/v1/chat/completions", ev, req) })
+	b.Run("on", func(b *testing.B) { benchStream(b, "", "/v1/chat/completions", ev, req, `, "repeat_guard": "on"`) })
 }
 
 // BenchmarkServeHTTPMessagesStream: a 20-token Messages stream from an

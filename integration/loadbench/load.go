@@ -46,6 +46,10 @@ var scenarios = []scenario{
 	{name: "router-nonstream-64", mode: modeRouter, conns: 64, base: "nonstream-64", cpuLimit: 1.05},
 	{name: "stream-16", mode: modeStream, conns: 16, throughput: true},
 	{name: "stream-64", mode: modeStream, conns: 64, throughput: true},
+	// stream-64 through a model with repeat_guard on (no loop in the
+	// answer); llm_route and reverse_proxy only: the baseline build may
+	// predate the guard.
+	{name: "guard-stream-64", mode: modeGuard, conns: 64, base: "stream-64", cpuLimit: 1.1},
 	{name: "paced-32", mode: modePaced, conns: 32},
 	{name: "think-split-64", mode: modeThink, conns: 64},
 	// The protocol fronts (fronts.go).
@@ -127,6 +131,8 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 		lr.body = p.fr.reqMsgNonStream
 	case modeRouter:
 		lr.body = p.reqRouter
+	case modeGuard:
+		lr.body = p.reqGuard
 	case modeMsgTranslated:
 		lr.body = p.fr.reqMsgTranslated
 	case modeRespTransl:
@@ -137,6 +143,8 @@ func newLoadRun(p *payloads, target *proxyProc, up *fakeUpstream, sc scenario) *
 	switch {
 	case target.kind == kindPlain && sc.mode == modeRouter:
 		lr.echo = routerModel
+	case target.kind == kindPlain && sc.mode == modeGuard:
+		lr.echo = clientGuardModel
 	case target.kind == kindPlain && sc.mode == modeThink:
 		lr.echo = clientThinkModel
 	case target.kind == kindPlain && (sc.mode == modeMsgNative || sc.mode == modeMsgNonStream):
@@ -366,7 +374,7 @@ func (lr *loadRun) validate(body []byte) error {
 			return invalid("non-stream body differs (%d bytes, want %d)", len(body), len(lr.p.completion))
 		}
 		return nil
-	case modeStream, modePaced:
+	case modeStream, modePaced, modeGuard:
 		want = lr.p.streamBody
 	case modeThink:
 		if lr.target.kind == kindLLM {

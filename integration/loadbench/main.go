@@ -175,7 +175,7 @@ func run(c *config) (int, error) {
 		return llm
 	}
 	driveOf := func(sc scenario) []*proxyProc {
-		if base != nil && sc.state == "" && sc.mode != modeRouter {
+		if base != nil && sc.state == "" && sc.mode != modeRouter && sc.mode != modeGuard {
 			return []*proxyProc{llmFor(sc), plain, base}
 		}
 		return []*proxyProc{llmFor(sc), plain}

@@ -16,6 +16,10 @@ const (
 	modeStream = "stream" // 24 chunk events + [DONE], no delay
 	modePaced  = "paced"  // think time, then 24 events apart
 	modeThink  = "think"  // like stream, <think> tags split across chunks
+	// modeGuard: the stream request to a model with repeat_guard on
+	// (clientGuardModel): what watching for loops costs on a stream
+	// without one.
+	modeGuard = "guard"
 
 	modeHeader = "X-Bench-Mode"
 	// echoHeader is the response header where the fake upstream echoes the
@@ -29,7 +33,7 @@ const streamEvents = 24
 // payloads holds every body of the benchmark, encoded once at start-up.
 type payloads struct {
 	// Client request bodies (model "bench" or "bench-think").
-	reqNonStream, reqStream, reqThink, reqRouter []byte
+	reqNonStream, reqStream, reqThink, reqRouter, reqGuard []byte
 
 	// Upstream response bodies.
 	completion  []byte   // non-stream body
@@ -50,9 +54,11 @@ const (
 	clientThinkModel = "bench-think"
 	// routerModel is a router model with one catch-all rule whose chain is
 	// clientModel's, asked for with an effort suffix.
-	routerModel    = "auto:medium"
-	realModel      = "real-model"
-	realThinkModel = "think-model"
+	routerModel = "auto:medium"
+	// clientGuardModel is clientModel's upstream with repeat_guard on.
+	clientGuardModel = "bench-guard"
+	realModel        = "real-model"
+	realThinkModel   = "think-model"
 )
 
 const systemPrompt = "You are a careful senior software engineer helping a colleague review " +
@@ -110,6 +116,7 @@ func newPayloads() *payloads {
 	p.reqRouter = req(routerModel, false)
 	p.reqStream = req(clientModel, true)
 	p.reqThink = req(clientThinkModel, true)
+	p.reqGuard = req(clientGuardModel, true)
 
 	p.completion = []byte(`{"id":"chatcmpl-loadbench-0001","object":"chat.completion","created":1700000000,` +
 		`"model":"upstream-model","system_fingerprint":"fp_loadbench","choices":[{"index":0,"message":` +

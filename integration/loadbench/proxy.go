@@ -58,14 +58,16 @@ func caddyConfig(port, adminPort int, handler map[string]any) ([]byte, error) {
 // llmHandler is the llm_route handler: model "bench" → upstream model
 // "real-model" (think_tags off: bytes pass through), and "bench-think" →
 // "think-model" with think_tags split. router adds the router model "auto"
-// (one catch-all rule using "bench"), which builds before router models
-// cannot load.
+// (one catch-all rule using "bench") and "bench-guard" ("real-model" with
+// repeat_guard on), which builds before router models or the guard cannot
+// load.
 func llmHandler(upstreamURL string, router bool) map[string]any {
 	h := llmHandlerBase(upstreamURL)
 	if router {
 		name, _, _ := strings.Cut(routerModel, ":")
 		h["models"] = append(h["models"].([]any), map[string]any{"name": name,
-			"rules": []any{map[string]any{"name": "all", "use": []string{clientModel}}}})
+			"rules": []any{map[string]any{"name": "all", "use": []string{clientModel}}}},
+			map[string]any{"name": clientGuardModel, "upstreams": []string{"real"}, "repeat_guard": "on"})
 	}
 	return h
 }

@@ -13,7 +13,8 @@
 #   DURATION=5s      measured window per scenario, target and round
 #   WARMUP=1s        warm-up before each window
 #   ROUNDS=3         rounds (target order alternates; rotates with a baseline)
-#   SCENARIOS=all    comma list: nonstream-16,nonstream-64,router-nonstream-64,stream-16,stream-64,paced-32,think-split-64,
+#   SCENARIOS=all    comma list: nonstream-16,nonstream-64,router-nonstream-64,stream-16,stream-64,guard-stream-64,
+#                    paced-32,think-split-64,
 #                    messages-native-64,messages-native-nonstream-64,messages-translated-64,responses-translated-64,
 #                    gemini-translated-64,
 #                    redis-nonstream-64,redis-stream-64 (these start a redis-server of their own),

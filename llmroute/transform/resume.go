@@ -63,6 +63,19 @@ func NewChatResume(next io.Writer) *ChatResume {
 	return c
 }
 
+// NewChatResumeFrom returns a follower that writes into next and takes
+// over a stream another stage followed so far (RepeatGuard.State): what the
+// client has been sent is st.
+func NewChatResumeFrom(next io.Writer, st *ChatState) *ChatResume {
+	c := NewChatResume(next)
+	c.id, c.model = string(st.ID), string(st.Model)
+	c.created = append(json.RawMessage(nil), st.Created...)
+	c.content = append([]byte(nil), st.Content...)
+	c.reasoning = append([]byte(nil), st.Reasoning...)
+	c.roleSent, c.toolCall, c.multi, c.finished, c.opaque = st.RoleSent, st.ToolCall, st.Multi, st.Finished, st.Opaque
+	return c
+}
+
 // Resumable reports whether the stream may be continued elsewhere, and if
 // not, why: never inside a tool call, with several choices, after the answer
 // finished, or on a stream that could not be followed.
@@ -109,6 +122,35 @@ func (c *ChatResume) Continue(prefill bool) {
 	if c.dropReasoning {
 		c.mReasoning = len(c.reasoning)
 	}
+}
+
+// ContinueAfterLoop readies the follower for the stream that goes on with
+// an answer cut at a loop (RepeatGuard): that upstream was sent the
+// delivered content as an assistant message, or, with no content yet, the
+// request as it was. Its text follows on directly; its reasoning is left
+// out once the client has any (it has the reasoning that led here).
+func (c *ChatResume) ContinueAfterLoop() {
+	c.Continue(true)
+	if len(c.reasoning) > 0 {
+		c.dropReasoning, c.mReasoning = true, len(c.reasoning)
+	}
+}
+
+// AppendFinish appends a final chunk with the finish reason and no text,
+// stamped with the id, created and model the client has, then [DONE].
+func (c *ChatResume) AppendFinish(dst []byte, reason string) []byte {
+	chunk := map[string]any{"object": "chat.completion.chunk",
+		"choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": reason}}}
+	if c.id != "" {
+		chunk["id"], chunk["model"] = c.id, c.model
+	}
+	if len(c.created) > 0 {
+		chunk["created"] = c.created
+	}
+	b, _ := json.Marshal(chunk)
+	dst = append(dst, "data: "...)
+	dst = append(dst, b...)
+	return append(dst, "\n\ndata: [DONE]\n\n"...)
 }
 
 // matched reports that the regenerated answer has caught up with the
