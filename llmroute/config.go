@@ -70,9 +70,11 @@ type Provider struct {
 	// ClientKeyHeader names a request header (e.g. `X-Provider-Key`)
 	// whose value, when a request carries it, is this provider's key for
 	// that request (sent in the provider's Auth header) instead of Key or
-	// Keys: the caller brings its own key. It is never logged, stored or
-	// cooled, and the header never goes upstream: other providers of the
-	// chain get their own key. Default: none.
+	// Keys: the caller brings its own key. The router never logs, stores
+	// or cools it, and the header never goes upstream: other providers of
+	// the chain get their own key. Caddy's access log copies the request
+	// before any handler runs: filter the header out there
+	// (docs/key-pools.md). Default: none.
 	ClientKeyHeader string `json:"client_key_header,omitempty"`
 
 	// MaxConcurrency is the default slot limit of this provider's upstreams
