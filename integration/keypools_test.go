@@ -704,3 +704,30 @@ func TestKeyPoolOwnKeyKeptOutOfTheAccessLog(t *testing.T) {
 	}
 	c.scan(t, p, callerKey)
 }
+
+// A rate limit's Retry-After cools a key, and through the key the upstream
+// once every key cools, no longer than retry_after_max: an upstream's
+// Retry-After never holds it longer than that setting, pool or not.
+func TestKeyPoolRetryAfterBoundedByRetryAfterMax(t *testing.T) {
+	var k keyed
+	k.set(poolKeys[0], errorBody(http.StatusTooManyRequests, openAIRate, "Retry-After", "86400"))
+	k.set(poolKeys[1], errorBody(http.StatusTooManyRequests, openAIRate, "Retry-After", "86400"))
+	pool := newUpstream(t, k.handler)
+	fb := newUpstream(t, completion("fallback"))
+	conf := poolConfig(pool, fb, poolKeys[:2], "key_rotation", "round_robin")
+	conf["retry_after_max"] = "20s"
+	p := startProxy(t, conf)
+	var c captured
+	if code, body := c.chat(t, p); code != http.StatusOK || !strings.Contains(body, "fallback") {
+		t.Fatalf("HTTP %d: %s", code, body)
+	}
+	s, raw := p.poolStatus()
+	for i := range 2 {
+		if st, cd := s.keyState("pool", i); st != "cooling" || cd > 20 {
+			t.Errorf("key %d: %s %.1fs, want cooling at most retry_after_max (20s): %s", i, st, cd, raw)
+		}
+	}
+	if u := s.upstream("up"); u.CoolingSeconds <= 0 || u.CoolingSeconds > 20 {
+		t.Errorf("upstream cooling %.1fs, want at most retry_after_max (20s): %s", u.CoolingSeconds, raw)
+	}
+}

@@ -63,8 +63,8 @@ type Provider struct {
 	KeyCooldownQuota *Duration `json:"key_cooldown_quota,omitempty"`
 
 	// KeyCooldownRate is how long a key of Keys is left out after a 429
-	// that is not about quota and has no Retry-After (a Retry-After, of
-	// any length, is used instead). Default 1m.
+	// that is not about quota and has no Retry-After (a Retry-After is
+	// used instead, up to the handler's retry_after_max). Default 1m.
 	KeyCooldownRate *Duration `json:"key_cooldown_rate,omitempty"`
 
 	// ClientKeyHeader names a request header (e.g. `X-Provider-Key`)

@@ -302,9 +302,10 @@ func (kp *keyPool) keyCooldown(f keyFault, retryAfter time.Duration) time.Durati
 }
 
 // coolKey leaves the call's key out after a refusal of kind f, and logs
-// it by index.
+// it by index. A Retry-After is bounded by retry_after_max, as for an
+// upstream: the key's cooldown becomes the upstream's once every key cools.
 func (h *Handler) coolKey(u *upstream, k *poolKey, f keyFault, retryAfter time.Duration, status int) {
-	d := u.keys.keyCooldown(f, retryAfter)
+	d := u.keys.keyCooldown(f, min(retryAfter, h.retryAfterMax))
 	u.led.CoolKey(k.state, time.Now(), d)
 	if c := h.logger.Check(zapcore.InfoLevel, "provider key cooling"); c != nil {
 		c.Write(zap.String("provider", u.Provider), zap.String("upstream", u.ID), zap.Int("key", k.index),
