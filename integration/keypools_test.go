@@ -7,6 +7,7 @@ package integration
 // answer with the error bodies OpenAI, Anthropic and OpenRouter send.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -730,4 +731,41 @@ func TestKeyPoolRetryAfterBoundedByRetryAfterMax(t *testing.T) {
 	if u := s.upstream("up"); u.CoolingSeconds <= 0 || u.CoolingSeconds > 20 {
 		t.Errorf("upstream cooling %.1fs, want at most retry_after_max (20s): %s", u.CoolingSeconds, raw)
 	}
+}
+
+// Concurrent requests that find every key refused together are one
+// exhaustion of the pool: the upstream counts one failure and cools until
+// the first key comes back, not a backoff doubled once per request.
+func TestKeyPoolConcurrentExhaustionCountsOneFailure(t *testing.T) {
+	keys := []string{"sk-pool-X-5a4b3c2d1e0f9a8b", "sk-pool-Y-6b5c4d3e2f1a0b9c", "sk-pool-Z-7c6d5e4f3a2b1c0d"}
+	var k keyed
+	for _, key := range keys {
+		k.set(key, func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(20 * time.Millisecond) // the refusals cross in flight
+			errorBody(http.StatusTooManyRequests, openAIRate, "Retry-After", "30")(w, r)
+		})
+	}
+	pool := newUpstream(t, k.handler)
+	fb := newUpstream(t, completion("fallback"))
+	p := startProxy(t, poolConfig(pool, fb, keys, "key_rotation", "round_robin", "backoff", "1h"))
+	var chans []<-chan result
+	for range 12 {
+		chans = append(chans, p.goChat(context.Background(), chatBody("m", false)))
+	}
+	for _, ch := range chans {
+		if r := <-ch; r.err != nil || r.status != http.StatusOK || !strings.Contains(r.body, "fallback") {
+			t.Fatalf("HTTP %d %v: %s", r.status, r.err, r.body)
+		}
+	}
+	s, raw := p.poolStatus()
+	u := s.upstream("up")
+	if u.FailStreak != 1 || u.CoolingSeconds <= 25 || u.CoolingSeconds > 30 {
+		t.Errorf("upstream: fail_streak %d cooling %.1fs, want one failure and cooling until the first key is back (25, 30] s: %s",
+			u.FailStreak, u.CoolingSeconds, raw)
+	}
+	if u.Inflight != 0 {
+		t.Errorf("upstream inflight %d after every request ended", u.Inflight)
+	}
+	var c captured
+	c.scan(t, p, keys...)
 }

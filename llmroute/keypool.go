@@ -412,8 +412,30 @@ func (h *Handler) nextKey(rt *route, t *target, res *attemptResult, run *retryRu
 		}
 		return true
 	}
+	if left > 0 && !u.keysGone(now, left) {
+		// Another request already found this pool empty and counted the
+		// upstream's failure: one exhaustion is one failure, however many
+		// requests were refused together (else the backoff would double
+		// once per request).
+		res.noBlame = true
+	}
 	h.holdForKeys(u, now)
 	return false
+}
+
+// keysGone reports whether the caller is the first to find every key of
+// u's pool cooling since they last came back (left from now); only that
+// request counts the upstream's failure.
+func (u *upstream) keysGone(now time.Time, left time.Duration) bool {
+	for {
+		old := u.keysGoneUntil.Load()
+		if old > now.UnixNano() {
+			return false
+		}
+		if u.keysGoneUntil.CompareAndSwap(old, now.Add(left).UnixNano()) {
+			return true
+		}
+	}
 }
 
 // keysCooling is an attempt on an upstream all of whose pool keys cool
