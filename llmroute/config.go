@@ -63,16 +63,18 @@ type Provider struct {
 	KeyCooldownQuota *Duration `json:"key_cooldown_quota,omitempty"`
 
 	// KeyCooldownRate is how long a key of Keys is left out after a 429
-	// that is not about quota and has no Retry-After (a Retry-After, of
-	// any length, is used instead). Default 1m.
+	// that is not about quota and has no Retry-After (a Retry-After is
+	// used instead, up to the handler's retry_after_max). Default 1m.
 	KeyCooldownRate *Duration `json:"key_cooldown_rate,omitempty"`
 
 	// ClientKeyHeader names a request header (e.g. `X-Provider-Key`)
 	// whose value, when a request carries it, is this provider's key for
 	// that request (sent in the provider's Auth header) instead of Key or
-	// Keys: the caller brings its own key. It is never logged, stored or
-	// cooled, and the header never goes upstream: other providers of the
-	// chain get their own key. Default: none.
+	// Keys: the caller brings its own key. The router never logs, stores
+	// or cools it, and the header never goes upstream: other providers of
+	// the chain get their own key. Caddy's access log copies the request
+	// before any handler runs: filter the header out there
+	// (docs/key-pools.md). Default: none.
 	ClientKeyHeader string `json:"client_key_header,omitempty"`
 
 	// MaxConcurrency is the default slot limit of this provider's upstreams

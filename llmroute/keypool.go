@@ -302,9 +302,10 @@ func (kp *keyPool) keyCooldown(f keyFault, retryAfter time.Duration) time.Durati
 }
 
 // coolKey leaves the call's key out after a refusal of kind f, and logs
-// it by index.
+// it by index. A Retry-After is bounded by retry_after_max, as for an
+// upstream: the key's cooldown becomes the upstream's once every key cools.
 func (h *Handler) coolKey(u *upstream, k *poolKey, f keyFault, retryAfter time.Duration, status int) {
-	d := u.keys.keyCooldown(f, retryAfter)
+	d := u.keys.keyCooldown(f, min(retryAfter, h.retryAfterMax))
 	u.led.CoolKey(k.state, time.Now(), d)
 	if c := h.logger.Check(zapcore.InfoLevel, "provider key cooling"); c != nil {
 		c.Write(zap.String("provider", u.Provider), zap.String("upstream", u.ID), zap.Int("key", k.index),
@@ -411,8 +412,30 @@ func (h *Handler) nextKey(rt *route, t *target, res *attemptResult, run *retryRu
 		}
 		return true
 	}
+	if left > 0 && !u.keysGone(now, left) {
+		// Another request already found this pool empty and counted the
+		// upstream's failure: one exhaustion is one failure, however many
+		// requests were refused together (else the backoff would double
+		// once per request).
+		res.noBlame = true
+	}
 	h.holdForKeys(u, now)
 	return false
+}
+
+// keysGone reports whether the caller is the first to find every key of
+// u's pool cooling since they last came back (left from now); only that
+// request counts the upstream's failure.
+func (u *upstream) keysGone(now time.Time, left time.Duration) bool {
+	for {
+		old := u.keysGoneUntil.Load()
+		if old > now.UnixNano() {
+			return false
+		}
+		if u.keysGoneUntil.CompareAndSwap(old, now.Add(left).UnixNano()) {
+			return true
+		}
+	}
 }
 
 // keysCooling is an attempt on an upstream all of whose pool keys cool

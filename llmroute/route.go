@@ -3,6 +3,7 @@ package llmroute
 import (
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +55,9 @@ type upstream struct {
 	// timings: a member of a cache_aware pool, whose answers are read for
 	// llama.cpp's timings too (the cache it reused).
 	timings bool
+	// keysGoneUntil (unix nanos) is when the pool exhaustion that
+	// counted as this upstream's failure ends (keysGone).
+	keysGoneUntil atomic.Int64
 
 	base       string                 // the provider URL, no trailing slash
 	url        string                 // provider URL + /chat/completions
