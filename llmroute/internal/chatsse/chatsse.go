@@ -1,7 +1,7 @@
-// Package chatsse splits an upstream chat completion stream, written to it
-// in pieces of any size, into its events' data: the line reading the wire
-// translators (Messages, Gemini) share. It allocates nothing once its
-// buffers have grown.
+// Package chatsse reads an upstream chat completion stream for the wire
+// translators (Messages, Gemini): it splits what is written to it, in
+// pieces of any size, into its events' data, and reads the members of each
+// chunk a translator needs. It allocates nothing once its buffers have grown.
 package chatsse
 
 import (
@@ -119,4 +119,45 @@ func (r *Reader) dispatch(h Handler) {
 	}
 	r.data = r.data[:0]
 	h.Event(data)
+}
+
+// Chunk is what a translator reads of one chat.completion.chunk (or an
+// error payload): its top-level members as raw JSON values, nil when
+// absent.
+type Chunk struct {
+	ID, Model, Choices, Usage, Error []byte
+}
+
+// ReadChunk sorts an event's data: done for "[DONE]", ok with the chunk's
+// members for a valid JSON object, neither for anything else (empty, not
+// an object, or not valid JSON as it stands: nothing a client could use).
+func ReadChunk(data []byte) (c Chunk, ok, done bool) {
+	if len(data) == 0 {
+		return c, false, false
+	}
+	if string(data) == "[DONE]" {
+		return c, false, true
+	}
+	if data[0] != '{' || !jsonscan.Valid(data) {
+		return c, false, false
+	}
+	it := jsonscan.IterObject(data, 0, false)
+	var m jsonscan.Member
+	var tmp [16]byte
+	for it.Next(&m) {
+		v := data[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(data, &m, tmp[:])) {
+		case "id":
+			c.ID = v
+		case "model":
+			c.Model = v
+		case "choices":
+			c.Choices = v
+		case "usage":
+			c.Usage = v
+		case "error":
+			c.Error = v
+		}
+	}
+	return c, true, false
 }

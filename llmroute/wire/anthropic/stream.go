@@ -142,44 +142,24 @@ func (s *Stream) Fail(code, message string) error {
 // a payload that is not valid JSON as it stands is not a chunk, as for
 // transform's think splitter, which passes such events through unsplit).
 func (s *Stream) dispatch(data []byte) {
-	if len(data) == 0 || s.finished || s.err != nil {
+	if s.finished || s.err != nil {
 		return
 	}
-	if string(data) == "[DONE]" {
+	switch c, ok, done := chatsse.ReadChunk(data); {
+	case done:
 		s.finish()
-		return
+	case ok:
+		s.chunk(c)
 	}
-	if data[0] != '{' || !jsonscan.Valid(data) {
-		return // not a chunk: nothing a Messages client could use
-	}
-	s.chunk(data)
 }
 
 // chunk handles one chat.completion.chunk (or an error payload).
-func (s *Stream) chunk(c []byte) {
-	var id, model, choices, usage, errv []byte
-	it := jsonscan.IterObject(c, 0, false)
-	var m jsonscan.Member
-	var tmp [16]byte
-	for it.Next(&m) {
-		v := c[m.Vs:m.Ve]
-		switch string(jsonscan.KeyOf(c, &m, tmp[:])) {
-		case "id":
-			id = v
-		case "model":
-			model = v
-		case "choices":
-			choices = v
-		case "usage":
-			usage = v
-		case "error":
-			errv = v
-		}
-	}
-	if errv != nil {
-		s.upstreamError(errv)
+func (s *Stream) chunk(c chatsse.Chunk) {
+	if c.Error != nil {
+		s.upstreamError(c.Error)
 		return
 	}
+	id, model, choices, usage := c.ID, c.Model, c.Choices, c.Usage
 	if !s.started {
 		if nonEmptyString(id) {
 			s.msgID = append(s.msgID[:0], id...)
@@ -209,7 +189,9 @@ func (s *Stream) chunk(c []byte) {
 			continue
 		}
 		var index []byte
-		it = jsonscan.IterObject(ch, 0, false)
+		var m jsonscan.Member
+		var tmp [16]byte
+		it := jsonscan.IterObject(ch, 0, false)
 		for it.Next(&m) {
 			switch string(jsonscan.KeyOf(ch, &m, tmp[:])) {
 			case "delta":
