@@ -1,11 +1,12 @@
-// Package chatsse reads an upstream chat completion stream for the wire
-// translators (Messages, Gemini): it splits what is written to it, in
-// pieces of any size, into its events' data, and reads the members of each
-// chunk a translator needs. It allocates nothing once its buffers have grown.
+// Package chatsse reads upstream chat completions for the wire translators
+// (Messages, Gemini): it splits a stream written to it, in pieces of any
+// size, into its events' data, and reads the members of each chunk (or of
+// a whole non-stream answer) a translator needs. It allocates nothing once its buffers have grown.
 package chatsse
 
 import (
 	"bytes"
+	"errors"
 
 	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
@@ -141,12 +142,39 @@ func ReadChunk(data []byte) (c Chunk, ok, done bool) {
 	if data[0] != '{' || !jsonscan.Valid(data) {
 		return c, false, false
 	}
-	it := jsonscan.IterObject(data, 0, false)
+	return members(data), true, false
+}
+
+// ReadCompletion reads the same members of a whole (non-stream)
+// chat.completion body, JSON white space around it allowed. A body that is
+// not one (invalid JSON, not an object, an "error" member, no choices) is
+// an error, which the caller prefixes with its package's name.
+func ReadCompletion(body []byte) (Chunk, error) {
+	if !jsonscan.Valid(body) {
+		return Chunk{}, errors.New("upstream body is not valid JSON")
+	}
+	i := jsonscan.SkipWS(body, 0)
+	if body[i] != '{' {
+		return Chunk{}, errors.New("upstream body is not an object")
+	}
+	c := members(body[i:])
+	if c.Error != nil {
+		return c, errors.New("upstream answered an error object")
+	}
+	if c.Choices == nil || c.Choices[0] != '[' {
+		return c, errors.New("upstream body has no choices")
+	}
+	return c, nil
+}
+
+// members reads the top-level members of a valid JSON object.
+func members(obj []byte) (c Chunk) {
+	it := jsonscan.IterObject(obj, 0, false)
 	var m jsonscan.Member
 	var tmp [16]byte
 	for it.Next(&m) {
-		v := data[m.Vs:m.Ve]
-		switch string(jsonscan.KeyOf(data, &m, tmp[:])) {
+		v := obj[m.Vs:m.Ve]
+		switch string(jsonscan.KeyOf(obj, &m, tmp[:])) {
 		case "id":
 			c.ID = v
 		case "model":
@@ -159,5 +187,5 @@ func ReadChunk(data []byte) (c Chunk, ok, done bool) {
 			c.Error = v
 		}
 	}
-	return c, true, false
+	return c
 }

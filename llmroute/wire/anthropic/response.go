@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
+	"fmt"
 	"strconv"
 
+	"github.com/llm-route/caddy-llm-route/llmroute/internal/chatsse"
 	"github.com/llm-route/caddy-llm-route/llmroute/internal/jsonscan"
 )
 
@@ -15,36 +16,11 @@ import (
 // body that is not a chat completion object (invalid JSON, no choices, an
 // "error" member) is an error: the core treats it as a failed attempt.
 func FromChat(dst, chat []byte, info *Info) ([]byte, error) {
-	if !jsonscan.Valid(chat) {
-		return dst, errors.New("anthropic: upstream body is not valid JSON")
+	c, err := chatsse.ReadCompletion(chat)
+	if err != nil {
+		return dst, fmt.Errorf("anthropic: %w", err)
 	}
-	i := jsonscan.SkipWS(chat, 0)
-	if chat[i] != '{' {
-		return dst, errors.New("anthropic: upstream body is not an object")
-	}
-	obj := chat[i:]
-	var id, model, choices, usage []byte
-	it := jsonscan.IterObject(obj, 0, false)
-	var m jsonscan.Member
-	var tmp [16]byte
-	for it.Next(&m) {
-		v := obj[m.Vs:m.Ve]
-		switch string(jsonscan.KeyOf(obj, &m, tmp[:])) {
-		case "id":
-			id = v
-		case "model":
-			model = v
-		case "choices":
-			choices = v
-		case "usage":
-			usage = v
-		case "error":
-			return dst, errors.New("anthropic: upstream answered an error object")
-		}
-	}
-	if choices == nil || choices[0] != '[' {
-		return dst, errors.New("anthropic: upstream body has no choices")
-	}
+	id, model, choices, usage := c.ID, c.Model, c.Choices, c.Usage
 	var message, finish []byte
 	ci := jsonscan.IterArray(choices, 0, false)
 	if vs, ve, ok := ci.Next(); ok && choices[vs] == '{' {
