@@ -76,55 +76,14 @@ func TestStatusPageInHeadlessChromium(t *testing.T) {
 	browser := chromiumPath(t)
 	v := startVisibility(t, adminPageProxy)
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(browser),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.WindowSize(1280, 720),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(alloc)
-	defer cancel()
-	// A browser that hangs must not hang the suite: the whole test gets
-	// three minutes, then the browser is killed and every step fails.
-	watchdog := time.AfterFunc(3*time.Minute, cancel)
-	defer watchdog.Stop()
-	// The browser lives as long as ctx; the deadline goes on the actions.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting %s: %v", browser, err)
-	}
-
-	var (
-		mu       sync.Mutex
-		messages []string
-	)
-	consoleCtx, stopConsole := context.WithCancel(ctx)
-	defer stopConsole()
-	go func() {
-		for m, err := range chromedp.Console(consoleCtx) {
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			messages = append(messages, string(m.Type)+": "+m.String())
-			mu.Unlock()
-		}
-	}()
+	ctx, console := startChromium(t, browser)
 
 	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		c, done := context.WithTimeout(ctx, 30*time.Second)
 		defer done()
 		if err := chromedp.Do(c, steps...); err != nil {
-			mu.Lock()
-			t.Logf("browser console so far:\n%s", strings.Join(messages, "\n"))
-			mu.Unlock()
+			t.Logf("browser console so far:\n%s", strings.Join(console(), "\n"))
 			if st, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("updated").textContent`)); err == nil {
 				t.Logf("page says: %s", st)
 			}
@@ -257,12 +216,61 @@ func TestStatusPageInHeadlessChromium(t *testing.T) {
 		t.Errorf("held slot bar value = %v (%v), want 0", meter, err)
 	}
 	shot("status-page-released.png")
+}
 
-	mu.Lock()
-	defer mu.Unlock()
-	for _, msg := range messages {
-		if strings.HasPrefix(msg, "exception") || strings.Contains(msg, "Content Security Policy") || strings.Contains(msg, "Refused to") {
-			t.Errorf("browser console: %s", msg)
-		}
+// startChromium starts headless Chromium for the test and returns its
+// context and what its console printed so far. A browser that hangs must
+// not hang the suite: after three minutes it is killed and every step
+// fails. When the test ends, an exception or a refusal by the page's
+// Content Security Policy in the console fails it.
+func startChromium(t *testing.T, browser string) (context.Context, func() []string) {
+	t.Helper()
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(browser),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.WindowSize(1280, 1000),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	ctx, cancel := chromedp.NewContext(alloc)
+	watchdog := time.AfterFunc(3*time.Minute, cancel)
+	var (
+		mu       sync.Mutex
+		messages []string
+	)
+	console := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), messages...)
 	}
+	t.Cleanup(func() {
+		watchdog.Stop()
+		for _, msg := range console() {
+			if strings.HasPrefix(msg, "exception") || strings.Contains(msg, "Content Security Policy") || strings.Contains(msg, "Refused to") {
+				t.Errorf("browser console: %s", msg)
+			}
+		}
+		cancel()
+		cancelAlloc()
+	})
+	// The browser lives as long as ctx; the deadline goes on the actions.
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("starting %s: %v", browser, err)
+	}
+	go func() {
+		for m, err := range chromedp.Console(ctx) {
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			messages = append(messages, string(m.Type)+": "+m.String())
+			mu.Unlock()
+		}
+	}()
+	return ctx, console
 }

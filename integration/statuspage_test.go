@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -224,7 +223,7 @@ func TestStatusHandlerOnASiteInHeadlessChromium(t *testing.T) {
 		}
 	}
 
-	ctx := startChromium(t, browser)
+	ctx, _ := startChromium(t, browser)
 	open := func(url string) int64 {
 		t.Helper()
 		c, done := context.WithTimeout(ctx, 30*time.Second)
@@ -358,56 +357,6 @@ func TestStatusHandlerOnASiteInHeadlessChromium(t *testing.T) {
 	poll("the protected page's upstream table", `document.querySelectorAll("#upstreams tbody tr[data-upstream]").length === 4`)
 	poll("the protected page's refresh", `document.getElementById("updated").dataset.live === "true"`)
 	poll("the protected page's charts", `document.getElementById("history").dataset.drawn === "true"`)
-}
-
-// startChromium starts headless Chromium for the test; the context lives
-// until the test ends (three minutes at most).
-func startChromium(t *testing.T, browser string) context.Context {
-	t.Helper()
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(browser),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.WindowSize(1280, 1000),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	ctx, cancel := chromedp.NewContext(alloc)
-	watchdog := time.AfterFunc(3*time.Minute, cancel)
-	var (
-		mu       sync.Mutex
-		messages []string
-	)
-	t.Cleanup(func() {
-		watchdog.Stop()
-		mu.Lock()
-		for _, msg := range messages {
-			if strings.HasPrefix(msg, "exception") || strings.Contains(msg, "Content Security Policy") || strings.Contains(msg, "Refused to") {
-				t.Errorf("browser console: %s", msg)
-			}
-		}
-		mu.Unlock()
-		cancel()
-		cancelAlloc()
-	})
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting %s: %v", browser, err)
-	}
-	go func() {
-		for m, err := range chromedp.Console(ctx) {
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			messages = append(messages, string(m.Type)+": "+m.String())
-			mu.Unlock()
-		}
-	}()
-	return ctx
 }
 
 // The history outlives a reload that keeps the ids, and `caddy llm-route
