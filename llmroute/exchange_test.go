@@ -89,14 +89,16 @@ func TestDecideFirstRead(t *testing.T) {
 }
 
 // TestWatchdogHold: hold decides the race between a read and the timer
-// once; the side that lost does nothing.
+// once; the side that lost does nothing. The timer records why it fired
+// before it cancels (a read that fails on the cancel must find the
+// reason), so the waits below poll for both.
 func TestWatchdogHold(t *testing.T) {
 	t.Run("timer fired after the read returned", func(t *testing.T) {
 		var cancelled atomic.Bool
 		w := &watchdog{cancel: func() { cancelled.Store(true) }}
 		w.arm(time.Millisecond, codeFirstByte)
 		deadline := time.Now().Add(10 * time.Second)
-		for w.firedFor() == "" && time.Now().Before(deadline) {
+		for (w.firedFor() == "" || !cancelled.Load()) && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 		if got := w.hold(); got != codeFirstByte {
@@ -124,7 +126,7 @@ func TestWatchdogHold(t *testing.T) {
 		}
 		w.resume()
 		deadline := time.Now().Add(10 * time.Second)
-		for w.firedFor() == "" && time.Now().Before(deadline) {
+		for (w.firedFor() == "" || !cancelled.Load()) && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 		if w.firedFor() != codeStalled || !cancelled.Load() {
@@ -141,7 +143,7 @@ func TestWatchdogHold(t *testing.T) {
 		}
 		w.arm(20*time.Millisecond, codeDrain)
 		deadline := time.Now().Add(10 * time.Second)
-		for w.firedFor() == "" && time.Now().Before(deadline) {
+		for (w.firedFor() == "" || !cancelled.Load()) && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 		if w.firedFor() != codeDrain || !cancelled.Load() {
