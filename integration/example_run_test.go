@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -34,10 +33,6 @@ func TestExampleQuickStart(t *testing.T) {
 	cfgJSON := exampleConfig(t)
 
 	port, demoPort, adminPort := freePort(t), freePort(t), freePort(t)
-	p := &proxy{t: t, port: port, aport: adminPort,
-		URL:     fmt.Sprintf("http://127.0.0.1:%d", port),
-		admin:   fmt.Sprintf("http://127.0.0.1:%d", adminPort),
-		logPath: filepath.Join(t.TempDir(), "caddy.log")}
 	cfgJSON = replaceEach(t, cfgJSON,
 		`"listen":["127.0.0.1:8100"]`, fmt.Sprintf(`"listen":["127.0.0.1:%d"]`, port),
 		`"listen":["127.0.0.1:8101"]`, fmt.Sprintf(`"listen":["127.0.0.1:%d"]`, demoPort),
@@ -52,22 +47,7 @@ func TestExampleQuickStart(t *testing.T) {
 	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
 		t.Fatal(err)
 	}
-	cfg["logging"] = map[string]any{"logs": map[string]any{"default": map[string]any{
-		"level":  "INFO",
-		"writer": map[string]any{"output": "file", "filename": p.logPath},
-	}}}
-	loaded, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := loadCaddy(t, loaded); err != nil {
-		t.Fatalf("loading Caddyfile.example: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Logf("stopping caddy: %v", err)
-		}
-	})
+	p := startWholeConfig(t, cfg, port, adminPort, "Caddyfile.example")
 
 	seen := map[string]bool{}
 	chat := "" // the quick start's non-stream request body

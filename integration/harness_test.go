@@ -95,6 +95,36 @@ func startProxy(t testing.TB, handler map[string]any) *proxy {
 	return p
 }
 
+// startWholeConfig runs a whole Caddy config as an example or an adapter
+// wrote it, on ports the caller already put in it; only the log moves, to a
+// file at INFO (Caddy's default level), so the test reads what a terminal
+// would show. Caddy is stopped when the test ends; what names the config in
+// a load failure.
+func startWholeConfig(t testing.TB, cfg map[string]any, port, adminPort int, what string) *proxy {
+	t.Helper()
+	p := &proxy{t: t, port: port, aport: adminPort,
+		URL:     fmt.Sprintf("http://127.0.0.1:%d", port),
+		admin:   fmt.Sprintf("http://127.0.0.1:%d", adminPort),
+		logPath: filepath.Join(t.TempDir(), "caddy.log")}
+	cfg["logging"] = map[string]any{"logs": map[string]any{"default": map[string]any{
+		"level":  "INFO",
+		"writer": map[string]any{"output": "file", "filename": p.logPath},
+	}}}
+	loaded, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := loadCaddy(t, loaded); err != nil {
+		t.Fatalf("loading %s: %v", what, err)
+	}
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Logf("stopping caddy: %v", err)
+		}
+	})
+	return p
+}
+
 // config renders the whole Caddy config around a handler, followed by the
 // handlers in p.next (so tests can check what falls through).
 func (p *proxy) config(handler map[string]any) []byte {

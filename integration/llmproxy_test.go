@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
@@ -163,27 +161,8 @@ func TestLLMProxyConfigRuns(t *testing.T) {
 	if err := json.Unmarshal(adapted, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{t: t, port: port, aport: adminPort,
-		URL:     fmt.Sprintf("http://127.0.0.1:%d", port),
-		admin:   fmt.Sprintf("http://127.0.0.1:%d", adminPort),
-		logPath: filepath.Join(t.TempDir(), "caddy.log")}
 	cfg["admin"] = map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", adminPort)}
-	cfg["logging"] = map[string]any{"logs": map[string]any{"default": map[string]any{
-		"level":  "INFO",
-		"writer": map[string]any{"output": "file", "filename": p.logPath},
-	}}}
-	loaded, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := loadCaddy(t, loaded); err != nil {
-		t.Fatalf("loading the adapted config: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Logf("stopping caddy: %v", err)
-		}
-	})
+	p := startWholeConfig(t, cfg, port, adminPort, "the adapted config")
 
 	// The document's worked example: my-gpt, its local upstream down, so
 	// routerai-gpt4o answers with all three patch layers merged.
